@@ -1,0 +1,1 @@
+"""Experiments: the run entry point, configs, jobs and benchmarks."""

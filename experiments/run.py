@@ -1,0 +1,95 @@
+"""Run an experiment: python -m experiments.run --config=experiments/configs/NAME.py[:ARG] [--config.k=v].
+
+The config's `experiment` field names the job (a module in experiments/jobs/). The config is checked
+against that job's defaults before any work starts; the run writes into one directory (--workdir,
+default runs/NAME-TIMESTAMP). Pointing --workdir at an unfinished run resumes it where the job supports
+that; a finished run is only replaced with --overwrite.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pathlib
+import runpy
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from experiments import jobs
+from scope_jax.config import ConfigError, validate
+from scope_jax.training.run_dir import RunDir, RunDirError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (with optional :ARG).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/NAME-TIMESTAMP).")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a finished run in --workdir.")
+flags.mark_flag_as_required("config")
+
+
+def default_workdir(config_arg: str) -> pathlib.Path:
+    path, _, arg = config_arg.partition(":")
+    name = pathlib.Path(path).stem + (f"-{arg}" if arg else "")
+    return pathlib.Path("runs") / f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+
+
+def prepare(config) -> object:
+    """Validate `config` and return its job module; raises ConfigError with one line naming the key."""
+    if "experiment" not in config:
+        raise ConfigError("config key 'experiment' is missing (it names the job to run)")
+    job = jobs.load(config.experiment)
+    validate(config, job.default_config())
+    if hasattr(job, "check"):
+        job.check(config)
+    return job
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    config = _CONFIG.value
+    try:
+        job = prepare(config)
+        workdir = pathlib.Path(_WORKDIR.value) if _WORKDIR.value else default_workdir(
+            config_flags.get_config_filename(flags.FLAGS["config"]))
+        run_dir = RunDir.create(workdir, config, overwrite=_OVERWRITE.value)
+    except (ConfigError, RunDirError) as e:
+        sys.exit(f"error: {e}")
+    print(f"run directory: {run_dir.path}")
+    with run_dir:
+        job.run(config, run_dir)
+    print(f"done: {run_dir.path}")
+
+
+
+def _unknown_override(argv: list[str]) -> str | None:
+    """The first --config.KEY=VALUE in argv whose KEY the config file does not define, if any."""
+    spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if spec is None:
+        return None
+    path, _, arg = spec.partition(":")
+    module = runpy.run_path(path)
+    config = module["get_config"](arg) if arg else module["get_config"]()
+    for a in argv:
+        if a.startswith("--config."):
+            key = a[len("--config."):].split("=", 1)[0]
+            node = config
+            for part in key.split("."):
+                if not hasattr(node, "keys") or part not in node:
+                    return key
+                node = node[part]
+    return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing, with a bad --config override reported in one line instead of a traceback."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        sys.exit(f"error: {e}")
+    except (AttributeError, KeyError, ValueError, TypeError) as e:
+        key = _unknown_override(argv)
+        sys.exit(f"error: unknown config key '{key}'" if key else f"error: {str(e).splitlines()[0]}")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

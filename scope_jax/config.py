@@ -1,0 +1,44 @@
+"""Config validation: a run's config must have the keys and types of its experiment's defaults.
+
+Every experiment declares `default_config()`; a config file starts from it and changes values. Anything
+else (a misspelt key in a file or on the command line, a string where a number belongs) stops the run
+before any work, with one line that names the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, ill-typed, or in an impossible combination."""
+
+
+def _compatible(value: Any, default: Any) -> bool:
+    if default is None or value is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, (tuple, list)):
+        return isinstance(value, (tuple, list))
+    return isinstance(value, type(default))
+
+
+def validate(config: ml_collections.ConfigDict, schema: ml_collections.ConfigDict, prefix: str = "") -> None:
+    """Raise ConfigError naming the first key of `config` that `schema` does not allow."""
+    for key, value in config.items():
+        name = prefix + key
+        if key not in schema:
+            raise ConfigError(f"unknown config key '{name}'")
+        default = schema[key]
+        if isinstance(default, ml_collections.ConfigDict):
+            if not isinstance(value, ml_collections.ConfigDict):
+                raise ConfigError(f"config key '{name}' must be a group of settings, got {value!r}")
+            validate(value, default, name + ".")
+        elif isinstance(value, ml_collections.ConfigDict) or not _compatible(value, default):
+            raise ConfigError(f"config key '{name}' must be of type {type(default).__name__}, "
+                              f"got {type(value).__name__} {value!r}")

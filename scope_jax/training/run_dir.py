@@ -1,0 +1,151 @@
+"""One directory per run: config, metrics (jsonl + tensorboard), figures, summary.
+
+A run directory is *finished* once `summary.md` exists. Opening a finished directory again is refused
+unless the caller asks to overwrite it, so a completed run's outputs are never lost by accident.
+An unfinished directory can be reopened (that is how a killed run resumes); `metrics.jsonl` is then
+appended to, after dropping records at or beyond the step the run resumes from.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+from typing import Any, Iterable, Iterator, Mapping, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+SUMMARY = "summary.md"
+METRICS = "metrics.jsonl"
+CONFIG = "config.json"
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used as asked."""
+
+
+def _to_builtin(value: Any) -> Any:
+    """numpy / jax scalars and arrays -> plain Python, NaN/inf kept as floats (json writes them)."""
+    if isinstance(value, Mapping):
+        return {str(k): _to_builtin(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_builtin(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy and jax arrays / scalars
+        return _to_builtin(np.asarray(value).tolist())
+    return value
+
+
+class RunDir:
+    """Writes everything a run produces into `path`.
+
+    Use as a context manager so the tensorboard writer is flushed and closed::
+
+        with RunDir.create(path, config) as run:
+            for step in run.progress(range(n), desc="train"):
+                run.log(step, {"reward": r})
+            run.write_summary("# Result ...")
+    """
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+        self.figures = path / "figures"
+        self.figures.mkdir(parents=True, exist_ok=True)
+        self._tb = None
+
+    @classmethod
+    def create(cls, path: str | pathlib.Path, config: Any, *, overwrite: bool = False) -> "RunDir":
+        """Open `path` for a run of `config` (an ml_collections ConfigDict or a mapping).
+
+        A finished run is refused unless `overwrite`; an unfinished one must hold the same config.
+        """
+        path = pathlib.Path(path)
+        config_json = json.dumps(_to_builtin(config.to_dict() if hasattr(config, "to_dict") else config),
+                                 indent=2, sort_keys=True)
+        if (path / SUMMARY).exists():
+            if not overwrite:
+                raise RunDirError(f"{path} holds a finished run; pass --overwrite or choose another --workdir")
+            shutil.rmtree(path)
+        elif (path / CONFIG).exists() and (path / CONFIG).read_text() != config_json:
+            if not overwrite:
+                raise RunDirError(f"{path} holds an unfinished run of another config; pass --overwrite or "
+                                  "choose another --workdir")
+            shutil.rmtree(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / CONFIG).write_text(config_json)
+        return cls(path)
+
+    def __enter__(self) -> "RunDir":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def tensorboard(self):
+        if self._tb is None:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.path / "tensorboard"))
+        return self._tb
+
+    def truncate_metrics(self, from_step: int) -> None:
+        """Drop metric records with step >= from_step (a resumed run logs them again)."""
+        file = self.path / METRICS
+        if not file.exists():
+            return
+        kept = [line for line in file.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] < from_step]
+        file.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, step: int, metrics: Mapping[str, Any], *, prefix: str = "") -> None:
+        """Append one record to metrics.jsonl and write scalars to tensorboard."""
+        metrics = _to_builtin(metrics)
+        record = {"step": int(step), **{prefix + k: v for k, v in metrics.items()}}
+        with open(self.path / METRICS, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.tensorboard.add_scalar(key, value, int(step))
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        file = self.path / METRICS
+        if not file.exists():
+            return []
+        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+
+    def figure_path(self, name: str) -> pathlib.Path:
+        return self.figures / (name if name.endswith(".png") else name + ".png")
+
+    def save_figure(self, fig, name: str) -> pathlib.Path:
+        """Save a matplotlib figure as PNG under figures/ and close it."""
+        import matplotlib.pyplot as plt
+
+        out = self.figure_path(name)
+        fig.savefig(out, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        return out
+
+    def write_json(self, name: str, obj: Any) -> pathlib.Path:
+        out = self.path / name
+        out.write_text(json.dumps(_to_builtin(obj), indent=2, sort_keys=True))
+        return out
+
+    def write_summary(self, markdown: str) -> pathlib.Path:
+        """Write summary.md; this marks the run as finished."""
+        out = self.path / SUMMARY
+        out.write_text(markdown.rstrip() + "\n")
+        return out
+
+    @staticmethod
+    def progress(iterable: Iterable[T], desc: str, total: int | None = None) -> Iterator[T]:
+        from tqdm.auto import tqdm
+
+        return iter(tqdm(iterable, desc=desc, total=total, dynamic_ncols=True))
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
