@@ -1,0 +1,1 @@
+"""How the user side answers: frozen, verbalized, trainable, population, rotation, self-play."""
