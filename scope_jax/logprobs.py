@@ -42,8 +42,7 @@ def token_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, po
     chex.assert_rank([tokens, positions], 2)
     model = nnx.merge(graphdef, params)
     hidden, _ = model.hidden(tokens, positions)
-    weight = (model.embed_tokens.embedding.value.T if model.config.tie_word_embeddings
-              else model.lm_head.kernel.value)
+    weight = model.head_weight()
     batch, length, dim = hidden.shape
     # Hidden state t predicts token t + 1.
     hidden, targets = hidden[:, :-1], tokens[:, 1:]

@@ -121,6 +121,8 @@ class ModelConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
         }
+        if self.model_type != "qwen2":  # Qwen2 always has q/k/v biases; Llama and Qwen3 read the flag
+            hf["attention_bias"] = self.attention_bias
         if self.model_type == "llama":
-            hf.update(attention_bias=self.attention_bias, mlp_bias=False)
+            hf["mlp_bias"] = False
         return hf

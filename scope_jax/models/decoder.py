@@ -75,7 +75,7 @@ class RMSNorm(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.weight.value * normed.astype(x.dtype)
+        return self.weight[...] * normed.astype(x.dtype)
 
 
 def _linear(d_in: int, d_out: int, bias: bool, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
@@ -198,12 +198,14 @@ class Decoder(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits [..., vocab] of final hidden states [..., d]."""
-        if self.config.tie_word_embeddings:
-            weight = self.embed_tokens.embedding.value.T
-        else:
-            weight = self.lm_head.kernel.value
-        return jnp.einsum("...d,dv->...v", hidden, weight.astype(hidden.dtype),
+        return jnp.einsum("...d,dv->...v", hidden, self.head_weight().astype(hidden.dtype),
                           preferred_element_type=jnp.float32)
+
+    def head_weight(self) -> jax.Array:
+        """The output projection [d, vocab] (the transposed embedding when tied)."""
+        if self.config.tie_word_embeddings:
+            return self.embed_tokens.embedding[...].T
+        return self.lm_head.kernel[...]
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,
                  cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:

@@ -1,0 +1,168 @@
+"""Read a llama.cpp GGUF file (Llama architecture) into an HF config, an HF state dict and a tokenizer.
+
+Everything here is numpy + `tokenizers`; nothing imports torch. Quantised tensors are de-quantised to
+float32 with the `gguf` package's own numpy code, so a Q4_1 file loads as the float32 weights it
+stands for (the quantisation error stays in the weights).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import gguf
+import numpy as np
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+# GGUF tensor name -> HF parameter name of a LlamaForCausalLM ({i} is the layer index).
+_LLAMA_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+_BLOCK_NAME = re.compile(r"blk\.(\d+)\.(.+)")
+
+# `tokenizer.ggml.pre` -> how llama.cpp splits text before byte-level BPE. The gpt2 regex is the one
+# `pre_tokenizers.ByteLevel(use_regex=True)` applies; the "smollm" family (llama.cpp's
+# LLAMA_VOCAB_PRE_TYPE_SMOLLM and its twins) first isolates every \p{N} character, exactly like the
+# Digits(individual_digits=True) step of SmolLM's own tokenizer.json.
+_GPT2_PRE = ("gpt2", "default")
+_DIGITS_THEN_GPT2_PRE = ("smollm", "starcoder", "refact")
+
+
+def read_gguf(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray], PreTrainedTokenizerFast]:
+    """Load a Llama-architecture GGUF file.
+
+    Returns:
+      config: an HF config.json dict (model_type "llama") for `ModelConfig.from_hf` / transformers.
+      state_dict: HF parameter names -> float32 arrays in HF layout (`[out, in]` for projections);
+        `lm_head.weight` only when the file has `output.weight` (otherwise `tie_word_embeddings`).
+      tokenizer: the file's byte-level BPE tokenizer with its chat template and special tokens.
+
+    Raises:
+      ValueError: the architecture is not "llama", or the file uses a feature this reader does not
+        translate (RoPE scaling, an unknown tensor, a tokenizer other than gpt2-style BPE).
+    """
+    reader = gguf.GGUFReader(path)
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    arch = fields.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (only 'llama')")
+    state_dict = {_hf_name(t.name): _dequantize(t) for t in reader.tensors}
+    config = _config(fields, state_dict)
+    for proj, heads in (("q_proj", config["num_attention_heads"]), ("k_proj", config["num_key_value_heads"])):
+        for i in range(config["num_hidden_layers"]):
+            name = f"model.layers.{i}.self_attn.{proj}.weight"
+            state_dict[name] = _unpermute_rope_rows(state_dict[name], heads)
+    return config, state_dict, _tokenizer(fields)
+
+
+def _hf_name(gguf_name: str) -> str:
+    match = _BLOCK_NAME.fullmatch(gguf_name)
+    key, layer = (f"blk.{{i}}.{match[2]}", match[1]) if match else (gguf_name, None)
+    if key not in _LLAMA_TENSORS:
+        raise ValueError(f"GGUF tensor {gguf_name!r} has no Llama counterpart this reader knows")
+    return _LLAMA_TENSORS[key].format(i=layer)
+
+
+def _dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
+    """Float32 values in HF layout: GGUF lists dims fastest-first, i.e. reversed from numpy's order."""
+    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    if not values.flags.writeable:  # unquantised tensors come back as read-only views of the file's memmap
+        values = np.array(values)
+    return values.astype(np.float32, copy=False).reshape(tuple(reversed(tensor.shape.tolist())))
+
+
+def _unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo convert_hf_to_gguf's `permute` of a q_proj / k_proj weight [heads * head_dim, in]."""
+    # HF rotates the two halves of each head (rotate-half), llama.cpp rotates adjacent pairs. The
+    # converter therefore reorders each head's rows from (2, head_dim/2) to (head_dim/2, 2), i.e.
+    # interleaves the halves; reading them as (head_dim/2, 2) and swapping back restores HF's order.
+    half = weight.shape[0] // num_heads // 2
+    return weight.reshape(num_heads, half, 2, -1).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _float32_value(value: float) -> float:
+    """The shortest decimal of a float32 metadata value (9.999999747378752e-06 -> 1e-05)."""
+    return float(str(np.float32(value)))
+
+
+def _config(fields: dict[str, Any], state_dict: dict[str, np.ndarray]) -> dict[str, Any]:
+    def get(key: str, default: Any = None) -> Any:
+        return fields.get(f"llama.{key}", default)
+
+    if get("rope.scaling.type", "none") != "none":
+        raise ValueError(f"RoPE scaling {get('rope.scaling.type')!r} in a GGUF file is not supported")
+    heads = get("attention.head_count")
+    hidden = get("embedding_length")
+    embed = state_dict["model.embed_tokens.weight"]
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": get("vocab_size", embed.shape[0]),
+        "hidden_size": hidden,
+        "intermediate_size": get("feed_forward_length"),
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": get("attention.head_count_kv", heads),
+        "head_dim": get("attention.key_length", get("rope.dimension_count", hidden // heads)),
+        "hidden_act": "silu",
+        "rms_norm_eps": _float32_value(get("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _float32_value(get("rope.freq_base", 10000.0)),
+        "rope_scaling": None,
+        "max_position_embeddings": get("context_length", 2048),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": "lm_head.weight" not in state_dict,
+        "bos_token_id": fields.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": fields.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": fields.get("tokenizer.ggml.padding_token_id"),
+    }
+
+
+def _tokenizer(fields: dict[str, Any]) -> PreTrainedTokenizerFast:
+    """The gpt2-style byte-level BPE tokenizer a GGUF file describes in its `tokenizer.*` fields."""
+    kind, pre = fields.get("tokenizer.ggml.model"), fields.get("tokenizer.ggml.pre", "default")
+    if kind != "gpt2":
+        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only 'gpt2' byte-level BPE)")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _GPT2_PRE:
+        pre_tokenizer = byte_level
+    elif pre in _DIGITS_THEN_GPT2_PRE:
+        pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported "
+                         f"(supported: {', '.join(_GPT2_PRE + _DIGITS_THEN_GPT2_PRE)})")
+
+    tokens = fields["tokenizer.ggml.tokens"]
+    merges = [tuple(merge.split(" ", 1)) for merge in fields["tokenizer.ggml.merges"]]
+    tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizer
+    tokenizer.decoder = decoders.ByteLevel()
+    types = fields.get("tokenizer.ggml.token_type", [gguf.TokenType.NORMAL] * len(tokens))
+    # Control tokens (<|im_start|>, ...) and user-defined ones are matched whole before BPE, like llama.cpp.
+    tokenizer.add_tokens([AddedToken(token, special=token_type == gguf.TokenType.CONTROL, normalized=False)
+                          for token, token_type in zip(tokens, types)
+                          if token_type in (gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED)])
+
+    special_ids = {name: fields[f"tokenizer.ggml.{key}_token_id"]
+                   for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("pad_token", "padding"),
+                                     ("unk_token", "unknown"))
+                   if f"tokenizer.ggml.{key}_token_id" in fields}
+    if fields.get("tokenizer.ggml.add_bos_token", False):
+        bos = tokens[special_ids["bos_token"]]
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, special_ids["bos_token"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer,
+                                   chat_template=fields.get("tokenizer.chat_template"),
+                                   **{name: tokens[i] for name, i in special_ids.items()})
