@@ -1,0 +1,18 @@
+"""Environments: task sources, what each role is told, turn handling and rewards (see base.py).
+
+`make(name, **settings)` builds one by name; each environment module registers its class in ENVIRONMENTS.
+"""
+
+from scope_jax.envs.base import Environment, TurnResult
+from scope_jax.envs.target_word import TargetWordEnv
+
+ENVIRONMENTS = {"target_word": TargetWordEnv}
+
+
+def make(name: str, **settings) -> Environment:
+    if name not in ENVIRONMENTS:
+        raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(ENVIRONMENTS))}")
+    return ENVIRONMENTS[name](**settings)
+
+
+__all__ = ["ENVIRONMENTS", "Environment", "TurnResult", "make"]

@@ -1,0 +1,45 @@
+"""The environment interface: everything task-specific the dialogue loop needs, and nothing else.
+
+An environment supplies scenarios (a persona, a task), each role's system prompt, optional opening
+messages, what happens after each turn (parse a tool call and append its result, detect an end
+signal), and the rewards once an episode is over. Text in, text out: tokenisation, sampling and
+training are the dialogue loop's business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import numpy as np
+
+from scope_jax.dialogue.episode import Episode, Message
+
+
+@dataclasses.dataclass
+class TurnResult:
+    """After a turn: messages to append (tool results, notices) and whether the episode ends."""
+
+    messages: list[Message] = dataclasses.field(default_factory=list)
+    done: bool = False
+    reason: str = ""
+
+
+class Environment(Protocol):
+    first_speaker: str  # "agent" or "sim"
+    max_turns: int  # turns per role
+
+    def sample_scenarios(self, n: int, rng: np.random.Generator, split: str = "train") -> list[Any]:
+        """n scenarios (personas, tasks) of a data split."""
+
+    def system_prompt(self, scenario: Any, role: str) -> str:
+        """What `role` ("agent" or "sim") is told before the dialogue."""
+
+    def opening(self, scenario: Any) -> list[Message]:
+        """Messages that start the dialogue before any model speaks (may be empty)."""
+
+    def after_turn(self, episode: Episode, message: Message) -> TurnResult:
+        """React to `message`, just appended to `episode` (tool calls, end signals)."""
+
+    def rewards(self, episode: Episode) -> dict[str, float]:
+        """Rewards of a finished episode: {"agent": r, "sim": r_sim} (other keys are logged)."""

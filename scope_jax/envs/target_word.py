@@ -1,0 +1,51 @@
+"""Target word: the smallest dialogue task that needs both roles and can be learned in a few dozen steps.
+
+The user (simulator) opens by asking for a word ("say apple"); the agent is rewarded for each of its
+turns that contains that word; the simulator answers in between. A random agent hits the word by
+chance (about max_new_tokens / vocabulary per turn), so the reward rises quickly under RL. The
+simulator's reward is the agent's (a shared task). Used by the engine's end-to-end test and as the
+example config `experiments/configs/target_word.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from scope_jax.dialogue.episode import AGENT, SIM, Episode, Message
+from scope_jax.envs.base import TurnResult
+
+TARGETS = ("apple", "banana", "cherry", "grape")
+FILLER = ("say", "please", "the", "word", "yes", "no", "ok", "thanks", "hello", "what", "now", "again")
+
+
+@dataclasses.dataclass
+class TargetWordEnv:
+    """targets: the words a scenario may ask for; max_turns: turns per role."""
+
+    targets: tuple[str, ...] = TARGETS
+    max_turns: int = 2
+    first_speaker: str = AGENT
+
+    @property
+    def vocabulary(self) -> tuple[str, ...]:
+        return self.targets + FILLER
+
+    def sample_scenarios(self, n: int, rng: np.random.Generator, split: str = "train") -> list[Any]:
+        return [self.targets[i] for i in rng.integers(0, len(self.targets), n)]
+
+    def system_prompt(self, scenario: Any, role: str) -> str:
+        return "say the word" if role == AGENT else f"ask for {scenario}"
+
+    def opening(self, scenario: Any) -> list[Message]:
+        return [Message(SIM, f"say {scenario} please")]
+
+    def after_turn(self, episode: Episode, message: Message) -> TurnResult:
+        return TurnResult()
+
+    def rewards(self, episode: Episode) -> dict[str, float]:
+        turns = [m.text.split() for m in episode.messages if m.role == AGENT and m.sampled_ids is not None]
+        hit = float(np.mean([episode.scenario in words for words in turns])) if turns else 0.0
+        return {"agent": hit, "sim": hit}

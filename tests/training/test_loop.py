@@ -1,0 +1,87 @@
+"""End-to-end tests of the host loop on the target-word task with tiny models."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from experiments.run import prepare
+from scope_jax.training import loop
+from scope_jax.training.run_dir import RunDir
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Keys that depend only on the seed and the computation (not on wall-clock time).
+DETERMINISTIC = ("reward", "loss", "agent/entropy", "grad_norm", "zero_variance_groups")
+
+
+def tiny_config(**train):
+    config = loop.default_config()
+    config.optimizer.learning_rate = 3e-3
+    config.train.update(train)
+    return config
+
+
+@pytest.mark.slow
+def test_agent_learns_the_target_word_against_a_frozen_simulator(tmp_path):
+    config = tiny_config(steps=30, eval_every=30, checkpoint_every=30)
+    prepare(config)
+    with RunDir.create(tmp_path / "run", config) as run_dir:
+        loop.train(config, run_dir)
+        rewards = [r["reward"] for r in run_dir.read_metrics()]
+    first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
+    assert last > first + 0.3, (first, last)
+
+
+def run_job(workdir: pathlib.Path, *overrides: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "experiments.run", "--config=experiments/configs/target_word.py",
+            f"--workdir={workdir}", "--config.train.steps=12", "--config.train.checkpoint_every=4",
+            "--config.train.eval_every=6", *overrides]
+    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "XLA_FLAGS": ""}, text=True)
+
+
+def records(workdir: pathlib.Path) -> list[dict]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return [{k: r[k] for k in ("step", *DETERMINISTIC, "heldout_reward") if k in r} for r in map(json.loads, lines)]
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_logs_the_same_metrics_as_an_uninterrupted_run(tmp_path):
+    reference = run_job(tmp_path / "reference")
+    killed = run_job(tmp_path / "killed")
+    checkpoint = tmp_path / "killed" / "checkpoints" / "8"
+    deadline = time.time() + 600
+    while not checkpoint.exists() and killed.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert checkpoint.exists(), killed.communicate()[0]
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert not (tmp_path / "killed" / "summary.md").exists()
+
+    resumed = run_job(tmp_path / "killed")
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out
+    assert "resumed from step 8" in out
+    assert reference.wait(timeout=600) == 0, reference.communicate()[0]
+    assert records(tmp_path / "killed") == records(tmp_path / "reference")
+
+
+def test_finished_run_is_not_overwritten_and_another_config_is_refused(tmp_path):
+    config = tiny_config(steps=2, eval_every=0, checkpoint_every=1)
+    with RunDir.create(tmp_path / "run", config) as run_dir:
+        loop.train(config, run_dir)
+        run_dir.write_summary("done")
+    done = subprocess.run([sys.executable, "-m", "experiments.run", "--config=experiments/configs/target_word.py",
+                           f"--workdir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode != 0 and "finished run" in done.stderr
+    (tmp_path / "run" / "summary.md").unlink()
+    other = tiny_config(steps=2, eval_every=0, checkpoint_every=1)
+    other.seed = 1
+    with pytest.raises(Exception, match="another config"):
+        RunDir.create(tmp_path / "run", other)
