@@ -292,25 +292,24 @@ class TurnRecord:
         }
 
 
-class VerbalizedSampler:
-    """Runs verbalized turns and keeps running counters for logging.
+Generate = Callable[[list[str], int, list[int]], Sequence[str]]
+Direct = Callable[[list[str], list[int]], Sequence[str]]
 
-    `generate(prompt, attempt)` produces the simulator's verbalized answer to `prompt` (the output of
-    `build_prompt`); `attempt` counts from 0 so a generator can vary its randomness across retries.
-    `direct(instruction)` is ordinary generation from the plain instruction, used as the fallback.
-    Only parse failures are handled: an exception raised by `generate` or `direct` is the caller's
-    bug and propagates (the turn is then not counted), and a non-str output raises TypeError.
+
+class VerbalizedSampler:
+    """Runs verbalized turns for batches of simulator prompts and keeps running counters for logging.
+
+    Each call gets the two generators of its turn. `generate(prompts, attempt, rows)` returns the
+    simulator's verbalized answers to `prompts` (outputs of `build_prompt`) for the batch rows `rows`;
+    `attempt` counts from 0 so a generator can vary its randomness across retries, and only rows that
+    still lack a parsable answer are asked again.
+    `direct(instructions, rows)` is ordinary generation from the plain instructions, the fallback.
+    Only parse failures are handled: an exception raised by `generate` or `direct` is the caller's bug
+    and propagates (the turns are then not counted), and a non-str output raises TypeError.
     """
 
-    def __init__(
-        self,
-        config: VerbalizedConfig,
-        generate: Callable[[str, int], str],
-        direct: Callable[[str], str],
-    ):
+    def __init__(self, config: VerbalizedConfig):
         self.config = config
-        self._generate = generate
-        self._direct = direct
         self.turns = 0
         self.attempts = 0
         self.parse_failures = 0
@@ -319,43 +318,59 @@ class VerbalizedSampler:
         self._sum_entropy = 0.0
         self._sum_num_kept = 0
 
-    def choose(self, instruction: str, key: jax.Array) -> tuple[str, TurnRecord]:
+    def choose(self, instruction: str, key: jax.Array, generate: Generate,
+               direct: Direct) -> tuple[str, TurnRecord]:
         """One turn: the simulator's reply (or reply type) and the turn's record."""
-        prompt = build_prompt(instruction, self.config)
-        dist = None
-        attempt = 0
-        while dist is None and attempt <= self.config.max_retries:
-            dist = parse(_checked(self._generate(prompt, attempt), "generate"), self.config)
-            attempt += 1
-            if dist is None:
-                logger.debug("verbalized sampling: attempt %d could not be parsed", attempt)
-        failures = attempt - (dist is not None)
-        self.turns += 1
-        self.attempts += attempt
-        self.parse_failures += failures
-        if dist is None:
-            self.fallbacks += 1
-            logger.warning(
-                "verbalized sampling: %d attempts could not be parsed, falling back to direct sampling "
-                "(%d fallbacks in %d turns)",
-                attempt,
-                self.fallbacks,
-                self.turns,
-            )
-            return _checked(self._direct(instruction), "direct"), TurnRecord(None, None, attempt, failures)
-        choice = sample(dist, key)
-        self._sum_p_max += dist.p_max
-        self._sum_entropy += dist.entropy
-        self._sum_num_kept += dist.num_kept
-        return dist.texts[choice], TurnRecord(dist, choice, attempt, failures)
+        return self.choose_batch([instruction], [key], generate, direct)[0]
 
     def choose_batch(
-        self, instructions: Sequence[str], keys: Sequence[jax.Array] | jax.Array
+        self, instructions: Sequence[str], keys: Sequence[jax.Array] | jax.Array, generate: Generate,
+        direct: Direct,
     ) -> list[tuple[str, TurnRecord]]:
-        """`choose` for each instruction with its own key (e.g. `jax.random.split(key, n)`)."""
+        """One turn for each instruction, each drawn with its own key (e.g. `jax.random.split(key, n)`)."""
         if len(instructions) != len(keys):
             raise ValueError(f"{len(instructions)} instructions but {len(keys)} keys")
-        return [self.choose(instruction, key) for instruction, key in zip(instructions, keys)]
+        prompts = [build_prompt(instruction, self.config) for instruction in instructions]
+        dists: list[VerbalizedDistribution | None] = [None] * len(prompts)
+        attempts = [0] * len(prompts)
+        pending = list(range(len(prompts)))
+        for attempt in range(self.config.max_retries + 1):
+            if not pending:
+                break
+            outputs = _checked_all(generate([prompts[r] for r in pending], attempt, pending),
+                                   len(pending), "generate")
+            for row, output in zip(pending, outputs):
+                attempts[row] += 1
+                dists[row] = parse(output, self.config)
+            pending = [row for row in pending if dists[row] is None]
+            if pending:
+                logger.debug("verbalized sampling: %d answers of attempt %d could not be parsed",
+                             len(pending), attempt + 1)
+        fallback = []
+        if pending:
+            fallback = _checked_all(direct([instructions[r] for r in pending], pending), len(pending),
+                                    "direct")
+        replies = dict(zip(pending, fallback))
+
+        results = []
+        for row, (dist, key) in enumerate(zip(dists, keys)):
+            failures = attempts[row] - (dist is not None)
+            self.turns += 1
+            self.attempts += attempts[row]
+            self.parse_failures += failures
+            if dist is None:
+                self.fallbacks += 1
+                logger.warning("verbalized sampling: %d attempts could not be parsed, falling back to "
+                               "direct sampling (%d fallbacks in %d turns)", attempts[row], self.fallbacks,
+                               self.turns)
+                results.append((replies[row], TurnRecord(None, None, attempts[row], failures)))
+                continue
+            choice = sample(dist, key)
+            self._sum_p_max += dist.p_max
+            self._sum_entropy += dist.entropy
+            self._sum_num_kept += dist.num_kept
+            results.append((dist.texts[choice], TurnRecord(dist, choice, attempts[row], failures)))
+        return results
 
     def metrics(self) -> dict[str, float]:
         """Running totals and rates since construction; means are over turns that did not fall back."""
@@ -372,10 +387,14 @@ class VerbalizedSampler:
         }
 
 
-def _checked(output: object, name: str) -> str:
-    if not isinstance(output, str):
-        raise TypeError(f"{name} must return str, got {type(output).__name__}")
-    return output
+def _checked_all(outputs: Sequence[object], expected: int, name: str) -> list[str]:
+    outputs = list(outputs)
+    if len(outputs) != expected:
+        raise ValueError(f"{name} returned {len(outputs)} outputs for {expected} prompts")
+    for output in outputs:
+        if not isinstance(output, str):
+            raise TypeError(f"{name} must return str, got {type(output).__name__}")
+    return outputs
 
 
 def _ratio(numerator: float, denominator: int) -> float:

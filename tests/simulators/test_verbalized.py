@@ -340,6 +340,10 @@ def test_config_rejects_impossible_values(kwargs):
 GOOD = '{"responses": [{"text": "Yes", "probability": 0.75}, {"text": "No", "probability": 0.25}]}'
 
 
+def direct_stub(instructions, rows):
+    return ["direct"] * len(instructions)
+
+
 class FakeGenerate:
     """Returns `outputs` in turn and records the calls."""
 
@@ -347,9 +351,9 @@ class FakeGenerate:
         self.outputs = list(outputs)
         self.calls = []
 
-    def __call__(self, prompt, attempt):
-        self.calls.append((prompt, attempt))
-        return self.outputs.pop(0)
+    def __call__(self, prompts, attempt, rows):
+        self.calls.extend((prompt, attempt) for prompt in prompts)
+        return [self.outputs.pop(0) for _ in prompts]
 
 
 def test_retry_then_success_and_fallback_are_counted(caplog):
@@ -357,13 +361,13 @@ def test_retry_then_success_and_fallback_are_counted(caplog):
     generate = FakeGenerate("sorry?", "```json\n{oops", GOOD, "nope", "still nope", "no JSON here")
     direct_calls = []
 
-    def direct(instruction):
-        direct_calls.append(instruction)
-        return "Hi."
+    def direct(instructions, rows):
+        direct_calls.extend(instructions)
+        return ["Hi."] * len(instructions)
 
-    sampler = VerbalizedSampler(config, generate, direct)
+    sampler = VerbalizedSampler(config)
 
-    reply, record = sampler.choose("Be a donor.", jax.random.key(0))
+    reply, record = sampler.choose("Be a donor.", jax.random.key(0), generate, direct)
     assert reply in ("Yes", "No") and reply == record.distribution.texts[record.choice]
     assert (record.attempts, record.parse_failures, record.fell_back) == (3, 2, False)
     assert generate.calls == [(build_prompt("Be a donor.", config), a) for a in range(3)]
@@ -377,7 +381,7 @@ def test_retry_then_success_and_fallback_are_counted(caplog):
     }
 
     with caplog.at_level(logging.WARNING, logger="scope_jax.simulators.verbalized"):
-        reply, record = sampler.choose("Be a donor.", jax.random.key(1))
+        reply, record = sampler.choose("Be a donor.", jax.random.key(1), generate, direct)
     assert reply == "Hi." and direct_calls == ["Be a donor."]
     assert (record.attempts, record.parse_failures, record.fell_back) == (3, 3, True)
     assert math.isnan(record.p_max) and record.num_kept == 0 and record.choice is None
@@ -397,34 +401,52 @@ def test_retry_then_success_and_fallback_are_counted(caplog):
 
 
 def test_no_retries_falls_back_after_one_attempt():
-    sampler = VerbalizedSampler(VerbalizedConfig(max_retries=0), FakeGenerate("??"), lambda _: "direct")
-    assert sampler.choose("x", jax.random.key(0))[1].attempts == 1
+    sampler = VerbalizedSampler(VerbalizedConfig(max_retries=0))
+    assert sampler.choose("x", jax.random.key(0), FakeGenerate("??"), direct_stub)[1].attempts == 1
     assert sampler.metrics()["fallback_rate"] == 1.0 and math.isnan(sampler.metrics()["mean_p_max"])
 
 
 def test_choose_batch_uses_one_key_per_instruction():
-    sampler = VerbalizedSampler(DEFAULT, lambda prompt, attempt: GOOD, lambda _: "direct")
+    sampler = VerbalizedSampler(DEFAULT)
+    always_good = lambda prompts, attempt, rows: [GOOD] * len(prompts)
     keys = jax.random.split(jax.random.key(7), 64)
-    results = sampler.choose_batch(["x"] * 64, keys)
+    results = sampler.choose_batch(["x"] * 64, keys, always_good, direct_stub)
     expected = [("Yes", "No")[sample(record.distribution, key)] for (_, record), key in zip(results, keys)]
     assert [text for text, _ in results] == expected
     assert {text for text, _ in results} == {"Yes", "No"}
     assert sampler.metrics()["turns"] == 64
     with pytest.raises(ValueError):
-        sampler.choose_batch(["x", "y"], keys[:1])
+        sampler.choose_batch(["x", "y"], keys[:1], always_good, direct_stub)
 
 
 def test_generator_errors_are_not_swallowed():
-    def broken(prompt, attempt):
+    def broken(prompts, attempt, rows):
         raise RuntimeError("model crashed")
 
-    sampler = VerbalizedSampler(DEFAULT, broken, lambda _: "direct")
+    sampler = VerbalizedSampler(DEFAULT)
     with pytest.raises(RuntimeError, match="model crashed"):
-        sampler.choose("x", jax.random.key(0))
+        sampler.choose("x", jax.random.key(0), broken, direct_stub)
     assert sampler.metrics()["turns"] == 0
-    returns_none = VerbalizedSampler(DEFAULT, lambda prompt, attempt: None, lambda _: "direct")
+    returns_none = lambda prompts, attempt, rows: [None] * len(prompts)
     with pytest.raises(TypeError, match="generate must return str"):
-        returns_none.choose("x", jax.random.key(0))
-    direct_returns_bytes = VerbalizedSampler(DEFAULT, lambda prompt, attempt: "??", lambda _: b"hi")
+        sampler.choose("x", jax.random.key(0), returns_none, direct_stub)
+    unparsable = lambda prompts, attempt, rows: ["??"] * len(prompts)
+    direct_returns_bytes = lambda instructions, rows: [b"hi"] * len(instructions)
     with pytest.raises(TypeError, match="direct must return str"):
-        direct_returns_bytes.choose("x", jax.random.key(0))
+        sampler.choose("x", jax.random.key(0), unparsable, direct_returns_bytes)
+
+
+def test_choose_batch_retries_only_the_rows_that_failed():
+    calls = []
+
+    def generate(prompts, attempt, rows):
+        calls.append((attempt, list(rows)))
+        return [GOOD if (row + attempt) % 2 else "garbage" for row in rows]
+
+    sampler = VerbalizedSampler(VerbalizedConfig(max_retries=1))
+    results = sampler.choose_batch(["a", "b", "c", "d"], jax.random.split(jax.random.key(0), 4), generate,
+                                   direct_stub)
+    # Odd rows parse at once; even rows fail, are retried alone, and parse on attempt 1.
+    assert calls == [(0, [0, 1, 2, 3]), (1, [0, 2])]
+    assert [record.attempts for _, record in results] == [2, 1, 2, 1]
+    assert sampler.metrics()["fallbacks"] == 0 and sampler.metrics()["parse_failures"] == 2
