@@ -1,7 +1,17 @@
-"""Example: train a tiny agent against a frozen tiny simulator on the target-word task (CPU, ~minutes).
+"""Example: tiny agent vs. tiny simulator(s) on the target-word task (CPU, about a minute per mode).
 
-    python -m experiments.run --config=experiments/configs/target_word.py
-    python -m experiments.run --config=experiments/configs/target_word.py:cotrain   # simulator trains too
+One config key, `sim.mode`, picks the simulator mode; the argument after the colon sets it:
+
+    python -m experiments.run --config=experiments/configs/target_word.py             # frozen simulator
+    python -m experiments.run --config=experiments/configs/target_word.py:verbalized  # Verbalized Sampling
+    python -m experiments.run --config=experiments/configs/target_word.py:cotrain     # simulator trains too
+    python -m experiments.run --config=experiments/configs/target_word.py:population  # 2 co-trained sims
+    python -m experiments.run --config=experiments/configs/target_word.py:rotation    # 2 frozen sims in turn
+    python -m experiments.run --config=experiments/configs/target_word.py:selfplay    # one model, both roles
+
+The tiny random simulator cannot write a verbalized distribution, so in `verbalized` mode every turn
+falls back to direct sampling (counted as verbalized/fallback_rate); the mode does its real work with an
+instruction-tuned simulator (experiments/configs/p4g_*.py) and in the collapse testbed's token language.
 """
 
 from scope_jax.training.loop import default_config
@@ -10,6 +20,10 @@ from scope_jax.training.loop import default_config
 def get_config(mode: str = "frozen"):
     config = default_config()
     config.sim.mode = mode
+    if mode == "population":
+        config.sim.population = 2
+    if mode in ("cotrain", "population", "selfplay"):
+        config.algo.sim_kl_coef = 0.1  # keep the co-trained simulator near its initial policy
     config.optimizer.learning_rate = 3e-3
     config.optimizer.sim_learning_rate = 3e-3
     config.train.steps = 40

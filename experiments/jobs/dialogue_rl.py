@@ -31,7 +31,7 @@ def plot_curves(run_dir: RunDir) -> None:
 
 
 def run(config, run_dir: RunDir) -> None:
-    last = loop.train(config, run_dir)
+    _, last = loop.train(config, run_dir)
     plot_curves(run_dir)
     first = run_dir.read_metrics()[0]
     lines = ["# Dialogue RL", "", f"environment `{config.env.name}`, simulator mode `{config.sim.mode}`, "

@@ -2,9 +2,18 @@
 
 Each step: sample scenarios -> roll out groups of episodes (agent vs. simulators) -> rewards ->
 group-relative advantages per role -> one jitted train step on the joint state -> log. Every
-`eval_every` steps the agent plays held-out simulators; every `checkpoint_every` steps the whole state
-is saved. Scenarios and rollout keys of step s are functions of (seed, s) only, so a run resumed from a
-checkpoint repeats exactly the steps an uninterrupted run would have taken.
+`eval_every` steps the agent plays held-out simulators and the collapse monitor runs its costly
+estimates; every `checkpoint_every` steps the whole state is saved. Scenarios and rollout keys of step
+s are functions of (seed, s) only, so a run resumed from a checkpoint repeats exactly the steps an
+uninterrupted run would have taken.
+
+Simulator modes (`sim.mode`) are configurations of this one loop and its one train step:
+  frozen      one simulator, never updated (params["sims"] with P = 1, label "frozen")
+  verbalized  a frozen simulator answering by Verbalized Sampling
+  cotrain     one simulator trained on the same episodes (own mask, own advantages, KL anchor)
+  population  P simulators of one architecture, stacked, trained; generation and loss vmapped over P
+  rotation    several frozen simulators (any architecture / tokenizer) taken in turn per episode or step
+  selfplay    one set of weights plays both roles (params has no "sims")
 """
 
 from __future__ import annotations
@@ -15,15 +24,18 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from scope_jax import envs, sharding
-from scope_jax.dialogue.batching import group_advantages, pad_views, final_view, population_batch
+from scope_jax.config import ConfigError
+from scope_jax.dialogue.batching import final_view, group_advantages, pad_views, population_batch
 from scope_jax.dialogue.episode import AGENT, SIM, Episode
-from scope_jax.dialogue.rollout import Player, rollout
+from scope_jax.dialogue.rollout import (Player, SimTurn, members_turn, population_turn, rollout,
+                                        verbalized_turn)
 from scope_jax.sampling import SamplingConfig
+from scope_jax.simulators.verbalized import VerbalizedConfig, VerbalizedSampler
+from scope_jax.training import monitor
 from scope_jax.training import state as joint
 from scope_jax.training.batch import Batch
 from scope_jax.training.checkpoint import Checkpointer, config_fingerprint
@@ -35,7 +47,8 @@ from scope_jax.training.train_step import TrainStepConfig, compile_train_step, m
 
 log = logging.getLogger(__name__)
 
-SIM_MODES = ("frozen", "cotrain", "population", "selfplay")
+SIM_MODES = ("frozen", "verbalized", "cotrain", "population", "rotation", "selfplay")
+TRAINED_SIM_MODES = ("cotrain", "population", "selfplay")
 
 
 class TrainingStopped(RuntimeError):
@@ -50,12 +63,16 @@ def default_config() -> ml_collections.ConfigDict:
     c.env = ml_collections.ConfigDict({"name": "target_word", "max_turns": 2})
     c.agent = ml_collections.ConfigDict({"model": "tiny:0", "dtype": "float32", "max_context": 512})
     c.sim = ml_collections.ConfigDict({
-        "mode": "frozen",          # frozen | cotrain | population | selfplay
-        "model": "tiny:1",         # population members are "model" with seeds + 0..P-1 for tiny specs
-        "population": 1,
-        "objective": "shared",     # shared (the agent's reward) | adversarial (minus it)
-        "assignment": "round_robin",  # round_robin | random (balanced)
+        "mode": "frozen",          # see SIM_MODES
+        "model": "tiny:1",         # population member p is "tiny:SEED+p" for tiny specs, else the same model
+        "population": 1,           # P, for mode population
+        "models": ("tiny:1", "tiny:2"),  # the frozen simulators of mode rotation
+        "rotation": "episode",     # rotation schedule: "episode" (round robin) or "step"
+        "objective": "shared",     # trained simulators: "shared" (the agent's reward) or "adversarial"
+        "assignment": "round_robin",  # episodes -> population members: "round_robin" or "random" (balanced)
     })
+    c.verbalized = ml_collections.ConfigDict(
+        dict(dataclasses.asdict(VerbalizedConfig()), max_new_tokens=128))
     c.sampling = ml_collections.ConfigDict({"temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": 8})
     c.rollout = ml_collections.ConfigDict({"groups": 4, "group_size": 4})
     c.algo = ml_collections.ConfigDict({
@@ -69,23 +86,40 @@ def default_config() -> ml_collections.ConfigDict:
         "max_consecutive_skips": 3,
     })
     c.eval = ml_collections.ConfigDict({"sim_models": ("tiny:101",)})
+    c.monitor = ml_collections.ConfigDict(dataclasses.asdict(monitor.MonitorConfig()))
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
     return c
 
 
 def check(config: ml_collections.ConfigDict) -> None:
-    from scope_jax.config import ConfigError
-
+    """Impossible combinations stop the run before any work, naming the key."""
     if config.sim.mode not in SIM_MODES:
         raise ConfigError(f"config key 'sim.mode' is {config.sim.mode!r}; one of {', '.join(SIM_MODES)}")
     if config.sim.mode != "population" and config.sim.population != 1:
         raise ConfigError("config key 'sim.population' must be 1 unless sim.mode is 'population'")
     if config.sim.objective not in ("shared", "adversarial"):
         raise ConfigError(f"config key 'sim.objective' is {config.sim.objective!r}; one of shared, adversarial")
+    if config.sim.rotation not in ("episode", "step"):
+        raise ConfigError(f"config key 'sim.rotation' is {config.sim.rotation!r}; one of episode, step")
+    if config.sim.assignment not in ("round_robin", "random"):
+        raise ConfigError(f"config key 'sim.assignment' is {config.sim.assignment!r}; one of round_robin, random")
     episodes = config.rollout.groups * config.rollout.group_size
-    if episodes % (config.sim.population * config.train.microbatches):
-        raise ConfigError("config key 'rollout.groups' x 'rollout.group_size' must be a multiple of "
-                          "sim.population x train.microbatches")
+    if episodes % (simulator_count(config) * config.train.microbatches):
+        raise ConfigError("config key 'rollout.groups' x 'rollout.group_size' must be a multiple of the number "
+                          "of simulators x train.microbatches")
+    try:
+        VerbalizedConfig(**{k: v for k, v in config.verbalized.items() if k != "max_new_tokens"})
+    except ValueError as e:
+        raise ConfigError(f"config group 'verbalized': {e}") from None
+
+
+def simulator_count(config) -> int:
+    """How many simulators share a step's episodes (population members or rotated models)."""
+    if config.sim.mode == "population":
+        return config.sim.population
+    if config.sim.mode == "rotation" and config.sim.rotation == "episode":
+        return len(config.sim.models)
+    return 1
 
 
 def _loss_config(algo, kl_coef: float) -> LossConfig:
@@ -96,12 +130,19 @@ def _loss_config(algo, kl_coef: float) -> LossConfig:
 
 @dataclasses.dataclass
 class Setup:
-    """Everything built once from the config."""
+    """Everything built once from the config.
+
+    agent / sim: players whose params are replaced by the current state's before each rollout (`sim`
+    holds stacked [P] params; None in rotation and self-play). rotation: fixed frozen simulators.
+    """
 
     env: Any
     agent: Player
-    sims: list[Player]
+    sim: Player | None
+    rotation: list[Player]
     eval_sims: list[Player]
+    verbalizer: VerbalizedSampler | None
+    verbalizer_tokens: int
     state: joint.JointState
     train_step: Any
     step_config: TrainStepConfig
@@ -110,42 +151,46 @@ class Setup:
 def build(config: ml_collections.ConfigDict) -> Setup:
     env = envs.make(config.env.name, **{k: v for k, v in config.env.items() if k != "name"})
     words = getattr(env, "vocabulary", ())
-    sampling = lambda tokenizer: SamplingConfig(
-        temperature=config.sampling.temperature, top_k=config.sampling.top_k, top_p=config.sampling.top_p,
-        max_new_tokens=config.sampling.max_new_tokens,
-        stop_token_ids=(tokenizer.eos_token_id,), pad_token_id=tokenizer.pad_token_id or 0)
-    player = lambda spec: _player(load_model(spec, words=words, dtype=config.agent.dtype), sampling,
-                                  config.agent.max_context)
 
-    agent = player(config.agent.model)
+    def player(spec: str) -> Player:
+        graphdef, params, tokenizer = load_model(spec, words=words, dtype=config.agent.dtype)
+        sampling = SamplingConfig(
+            temperature=config.sampling.temperature, top_k=config.sampling.top_k, top_p=config.sampling.top_p,
+            max_new_tokens=config.sampling.max_new_tokens, stop_token_ids=(tokenizer.eos_token_id,),
+            pad_token_id=tokenizer.pad_token_id or 0)
+        return Player(graphdef, params, tokenizer, sampling, config.agent.max_context)
+
     mode = config.sim.mode
-    if mode == "selfplay":
-        sims = [agent]
-    else:
-        sims = [player(_member_spec(config.sim.model, p)) for p in range(config.sim.population)]
+    agent = player(config.agent.model)
+    params = {"agent": agent.params}
+    sim, rotation = None, []
+    if mode == "rotation":
+        rotation = [player(spec) for spec in config.sim.models]
+    elif mode != "selfplay":
+        members = [player(_member_spec(config.sim.model, p)) for p in range(config.sim.population)]
+        params["sims"] = joint.stack_population([m.params for m in members])
+        sim = dataclasses.replace(members[0], params=params["sims"])
     eval_sims = [player(spec) for spec in config.eval.sim_models]
 
-    trains_sims = mode in ("cotrain", "population", "selfplay")
-    params = {"agent": agent.params}
-    if mode != "selfplay":
-        params["sims"] = joint.stack_population([s.params for s in sims])
-    roles = {role: (role == "agent" or trains_sims) for role in params}
+    trains_sims = mode in TRAINED_SIM_MODES
+    roles = {role: role == "agent" or trains_sims for role in params}
     optimizer = make_optimizer(OptimizerConfig(**config.optimizer.to_dict()), roles)
-    ref_roles = tuple(r for r, coef in (("agent", config.algo.kl_coef), ("sims", config.algo.sim_kl_coef)) if coef)
-    if mode == "selfplay" and config.algo.sim_kl_coef:
-        ref_roles = tuple(dict.fromkeys(ref_roles + ("agent",)))
-    state = joint.create(params, optimizer, seed=config.seed, ref_roles=ref_roles)
+    ref_roles = {"agent"} if config.algo.kl_coef else set()
+    if config.algo.sim_kl_coef and trains_sims:
+        ref_roles.add("agent" if mode == "selfplay" else "sims")
+    state = joint.create(params, optimizer, seed=config.seed, ref_roles=tuple(sorted(ref_roles)))
     step_config = TrainStepConfig(
         agent=_loss_config(config.algo, config.algo.kl_coef),
         sims=_loss_config(config.algo, config.algo.sim_kl_coef) if trains_sims else None,
         self_play=mode == "selfplay", microbatches=config.train.microbatches)
-    step = make_train_step(agent.graphdef, sims[0].graphdef, optimizer, step_config)
-    return Setup(env, agent, sims, eval_sims, state, step, step_config)
-
-
-def _player(model, sampling, max_context: int) -> Player:
-    graphdef, params, tokenizer = model
-    return Player(graphdef, params, tokenizer, sampling(tokenizer), max_context)
+    sim_graphdef = sim.graphdef if sim is not None else agent.graphdef
+    step = make_train_step(agent.graphdef, sim_graphdef, optimizer, step_config)
+    verbalizer = None
+    if mode == "verbalized":
+        verbalizer = VerbalizedSampler(VerbalizedConfig(
+            **{k: v for k, v in config.verbalized.items() if k != "max_new_tokens"}))
+    return Setup(env, agent, sim, rotation, eval_sims, verbalizer, config.verbalized.max_new_tokens, state, step,
+                 step_config)
 
 
 def _member_spec(spec: str, member: int) -> str:
@@ -154,15 +199,43 @@ def _member_spec(spec: str, member: int) -> str:
     return spec
 
 
-def make_episodes(env, config, step: int, split: str, groups: int, population: int) -> list[Episode]:
-    """Episodes of step `step`: `groups` scenarios x group_size rollouts, balanced over simulators."""
+@dataclasses.dataclass(frozen=True)
+class Players:
+    """The current players: the agent, the simulator side's turn, and one simulator model (the first
+    member or rotated model) whose own reply distribution the collapse monitor probes."""
+
+    agent: Player
+    sim_turn: SimTurn
+    probe_sim: Player
+
+
+def current_players(setup: Setup, state: joint.JointState) -> Players:
+    """Players with the state's current parameters."""
+    agent = dataclasses.replace(setup.agent, params=state.params["agent"])
+    if setup.rotation:
+        return Players(agent, members_turn(setup.rotation), setup.rotation[0])
+    if setup.sim is None:  # self-play
+        return Players(agent, members_turn([agent]), agent)
+    sims = dataclasses.replace(setup.sim, params=state.params["sims"])
+    first = dataclasses.replace(sims, params=jax.tree.map(lambda x: x[0], sims.params))
+    if setup.verbalizer is not None:
+        return Players(agent, verbalized_turn(first, setup.verbalizer, setup.verbalizer_tokens), first)
+    population = jax.tree.leaves(sims.params)[0].shape[0]
+    return Players(agent, population_turn(sims, population), first)
+
+
+def make_episodes(env, config, step: int, split: str, groups: int) -> list[Episode]:
+    """Episodes of step `step`: `groups` scenarios x group_size rollouts; `sim_index` assigns each to a
+    population member or rotated simulator, balanced (every simulator voices as many episodes)."""
     rng = np.random.default_rng([config.seed, step, split == "eval"])
     scenarios = env.sample_scenarios(groups, rng, split=split)
     size = config.rollout.group_size
+    count = simulator_count(config) if split == "train" else 1
+    members = np.arange(groups * size) % count
     if config.sim.assignment == "random":
-        members = rng.permutation(np.arange(groups * size) % population)
-    else:
-        members = np.arange(groups * size) % population
+        members = rng.permutation(members)
+    if config.sim.mode == "rotation" and config.sim.rotation == "step" and split == "train":
+        members = np.full(groups * size, step % len(config.sim.models))
     return [Episode(scenarios[g], group=g, sim_index=int(members[g * size + k]))
             for g in range(groups) for k in range(size)]
 
@@ -170,56 +243,54 @@ def make_episodes(env, config, step: int, split: str, groups: int, population: i
 def episode_stats(episodes: list[Episode]) -> dict[str, float]:
     rewards = np.asarray([e.rewards["agent"] for e in episodes])
     stats = {"reward": float(rewards.mean()), "reward_std": float(rewards.std()),
-             "turns": float(np.mean([len(e.messages) for e in episodes]))}
+             "messages": float(np.mean([len(e.messages) for e in episodes]))}
     for reason in sorted({e.end_reason for e in episodes}):
         stats[f"end/{reason}"] = float(np.mean([e.end_reason == reason for e in episodes]))
     return stats
 
 
-def make_batch(setup: Setup, config, episodes: list[Episode]) -> tuple[Batch, dict[str, float]]:
-    env, agent = setup.env, setup.agent
+def make_batch(setup: Setup, config, episodes: list[Episode]) -> Batch:
+    """The train step's batch: the agent's views [N, L], and the simulators' [P, M, L] when they train."""
     rewards = np.asarray([e.rewards["agent"] for e in episodes], np.float32)
     groups = np.asarray([e.group for e in episodes])
-    agent_adv = group_advantages(rewards, groups, config.algo.advantage)
-    views = [final_view(env, e, AGENT, agent.tokenizer) for e in episodes]
-    agent_batch = pad_views(views, agent_adv, agent.sampling.pad_token_id)
-    stats = {"zero_variance_groups": float(np.mean([np.ptp(rewards[groups == g]) == 0 for g in np.unique(groups)]))}
-    sims_batch = None
-    if setup.step_config.sims is not None:
-        sim_rewards = np.asarray([e.rewards["sim"] if config.sim.objective == "shared" else -e.rewards["agent"]
-                                  for e in episodes], np.float32)
-        population = len(setup.sims)
-        sim_groups = groups * population + np.asarray([e.sim_index for e in episodes])
-        sim_adv = group_advantages(sim_rewards, sim_groups, config.algo.advantage)
-        sims_batch = population_batch(env, episodes, SIM, setup.sims[0].tokenizer, sim_adv, population,
-                                      setup.sims[0].sampling.pad_token_id)
-    return Batch(agent=agent_batch, sims=sims_batch), stats
+    agent = setup.agent
+    agent_batch = pad_views([final_view(setup.env, e, AGENT, agent.tokenizer) for e in episodes],
+                            group_advantages(rewards, groups, config.algo.advantage), agent.sampling.pad_token_id)
+    if setup.step_config.sims is None:
+        return Batch(agent=agent_batch)
+    sim_rewards = np.asarray([e.rewards["sim"] if config.sim.objective == "shared" else -e.rewards["agent"]
+                              for e in episodes], np.float32)
+    sim = setup.sim or agent  # self-play: the agent's own model voices the simulator
+    population = config.sim.population
+    sim_groups = groups * population + np.asarray([e.sim_index for e in episodes])
+    sims_batch = population_batch(setup.env, episodes, SIM, sim.tokenizer,
+                                  group_advantages(sim_rewards, sim_groups, config.algo.advantage), population,
+                                  sim.sampling.pad_token_id)
+    return Batch(agent=agent_batch, sims=sims_batch)
 
 
-def current_players(setup: Setup, state: joint.JointState) -> tuple[Player, list[Player]]:
-    agent = dataclasses.replace(setup.agent, params=state.params["agent"])
-    if "sims" not in state.params:
-        return agent, [agent]
-    sims = [dataclasses.replace(s, params=jax.tree.map(lambda x: x[p], state.params["sims"]))
-            for p, s in enumerate(setup.sims)]
-    return agent, sims
-
-
-def evaluate(setup: Setup, config, state: joint.JointState, step: int) -> dict[str, float]:
-    """Mean agent reward against each held-out simulator on the eval split."""
-    agent, _ = current_players(setup, state)
-    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), 1_000_000 + step)
+def evaluate(setup: Setup, config, agent: Player, key: jax.Array, step: int) -> dict[str, float]:
+    """Mean agent reward against each held-out simulator on the eval split (heldout/i is
+    config.eval.sim_models[i])."""
     results = {}
-    for i, sim in enumerate(setup.eval_sims):  # heldout/i is config.eval.sim_models[i]
-        episodes = make_episodes(setup.env, config, step, "eval", config.train.eval_groups, 1)
-        rollout(setup.env, episodes, agent, [sim], jax.random.fold_in(key, i))
+    for i, sim in enumerate(setup.eval_sims):
+        episodes = make_episodes(setup.env, config, step, "eval", config.train.eval_groups)
+        rollout(setup.env, episodes, agent, members_turn([sim]), jax.random.fold_in(key, i))
         results[f"heldout/{i}"] = float(np.mean([e.rewards["agent"] for e in episodes]))
     results["heldout_reward"] = float(np.mean(list(results.values())))
     return results
 
 
-def train(config: ml_collections.ConfigDict, run_dir: RunDir) -> dict[str, float]:
-    """Run (or resume) training into `run_dir`; returns the last logged metrics."""
+def run_fingerprint(config: ml_collections.ConfigDict) -> str:
+    """Fingerprint of everything that shapes the run's trajectory: all settings but the step budget, so a
+    finished run can be extended with a larger train.steps."""
+    settings = config.to_dict()
+    settings["train"] = {k: v for k, v in settings["train"].items() if k != "steps"}
+    return config_fingerprint(settings)
+
+
+def train(config: ml_collections.ConfigDict, run_dir: RunDir) -> tuple[joint.JointState, dict[str, float]]:
+    """Run (or resume) training into `run_dir`; returns the final state and the last logged metrics."""
     setup = build(config)
     state = setup.state
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
@@ -234,46 +305,45 @@ def train(config: ml_collections.ConfigDict, run_dir: RunDir) -> dict[str, float
         print(f"resumed from step {start}")
     else:
         state = jax.device_put(state, joint.state_shardings(state, mesh))
+    probes = monitor.Monitor(setup.env, config.monitor, setup.agent, config.seed)
     step_fn = None
     metrics: dict[str, float] = {}
     for step in run_dir.progress(range(start, config.train.steps), desc="train",
                                  total=config.train.steps - start):
         t0 = time.perf_counter()
-        agent, sims = current_players(setup, state)
-        episodes = make_episodes(setup.env, config, step, "train", config.rollout.groups, len(setup.sims))
-        rollout(setup.env, episodes, agent, sims, jax.random.fold_in(jax.random.wrap_key_data(state.rng), step))
+        players = current_players(setup, state)
+        key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), step)
+        episodes = make_episodes(setup.env, config, step, "train", config.rollout.groups)
+        rollout(setup.env, episodes, players.agent, players.sim_turn, key)
         t1 = time.perf_counter()
-        batch, batch_stats = make_batch(setup, config, episodes)
+        batch = make_batch(setup, config, episodes)
         t2 = time.perf_counter()
         if step_fn is None:
             step_fn = compile_train_step(setup.train_step, state, batch, mesh)
+        # Evaluate and probe with the parameters the episodes were sampled with (the step donates them).
+        extra = {}
+        if config.train.eval_every and (step + 1) % config.train.eval_every == 0:
+            extra.update(evaluate(setup, config, players.agent, jax.random.fold_in(key, 1), step))
+            extra.update(probes.costly(players, jax.random.fold_in(key, 2)))
+        t3 = time.perf_counter()
         state, step_metrics = step_fn(state, batch)
         step_metrics = jax.device_get(step_metrics)
-        t3 = time.perf_counter()
+        t4 = time.perf_counter()
         tokens = int(batch.agent.loss_mask.sum()) + (int(batch.sims.loss_mask.sum()) if batch.sims else 0)
-        metrics = {**episode_stats(episodes), **batch_stats, **_flatten(step_metrics),
-                   "time/rollout": t1 - t0, "time/batch": t2 - t1, "time/update": t3 - t2,
-                   "time/step": t3 - t0, "tokens_per_s": tokens / (t3 - t0)}
+        metrics = {**episode_stats(episodes), **monitor.step_metrics(episodes, config.monitor.distinct_n), **_flatten(step_metrics),
+                   **extra, "time/rollout": t1 - t0, "time/batch": t2 - t1, "time/update": t4 - t3,
+                   "time/step": t4 - t0 - (t3 - t2), "tokens_per_s": tokens / (t4 - t3)}
+        if setup.verbalizer is not None:
+            metrics.update({f"verbalized/{k}": v for k, v in setup.verbalizer.metrics().items()})
         skips = skips + 1 if step_metrics["skipped"] else 0
+        run_dir.log(step, metrics)
         if skips > config.train.max_consecutive_skips:
-            run_dir.log(step, metrics)
             raise TrainingStopped(f"{skips} non-finite steps in a row at step {step}; the last good "
                                   f"checkpoint (step {ckpt.latest_step()}) is intact")
-        if config.train.eval_every and (step + 1) % config.train.eval_every == 0:
-            metrics.update(evaluate(setup, config, state, step))
-        run_dir.log(step, metrics)
         if (step + 1) % config.train.checkpoint_every == 0 or step + 1 == config.train.steps:
             ckpt.save(step + 1, state, {"step": step + 1, "consecutive_skips": skips})
     ckpt.close()
-    return metrics
-
-
-def run_fingerprint(config: ml_collections.ConfigDict) -> str:
-    """Fingerprint of everything that shapes the run's trajectory: all settings but the step budget, so a
-    finished run can be extended with a larger train.steps."""
-    settings = config.to_dict()
-    settings["train"] = {k: v for k, v in settings["train"].items() if k != "steps"}
-    return config_fingerprint(settings)
+    return state, metrics
 
 
 def _flatten(metrics: dict[str, Any]) -> dict[str, float]:
