@@ -23,6 +23,8 @@ from scope_jax.training.run_dir import RunDir, RunDirError
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (with optional :ARG).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/NAME-TIMESTAMP).")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a finished run in --workdir.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Multi-host job: call jax.distributed.initialize() "
+                                 "first (coordinator and process ids come from the cluster environment).")
 flags.mark_flag_as_required("config")
 
 
@@ -46,6 +48,10 @@ def prepare(config) -> object:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if _DISTRIBUTED.value:
+        import jax
+
+        jax.distributed.initialize()
     config = _CONFIG.value
     try:
         job = prepare(config)

@@ -4,6 +4,9 @@ A run directory is *finished* once `summary.md` exists. Opening a finished direc
 unless the caller asks to overwrite it, so a completed run's outputs are never lost by accident.
 An unfinished directory can be reopened (that is how a killed run resumes); `metrics.jsonl` is then
 appended to, after dropping records at or beyond the step the run resumes from.
+
+In a multi-host job every process opens the same directory (orbax checkpoints need all of them), but
+only process 0 writes files; the others' writes are no-ops.
 """
 
 from __future__ import annotations
@@ -49,7 +52,10 @@ class RunDir:
     """
 
     def __init__(self, path: pathlib.Path):
+        import jax
+
         self.path = path
+        self.primary = jax.process_index() == 0
         self.figures = path / "figures"
         self.figures.mkdir(parents=True, exist_ok=True)
         self._tb = None
@@ -73,8 +79,10 @@ class RunDir:
                                   "choose another --workdir")
             shutil.rmtree(path)
         path.mkdir(parents=True, exist_ok=True)
-        (path / CONFIG).write_text(config_json)
-        return cls(path)
+        run_dir = cls(path)
+        if run_dir.primary:
+            (path / CONFIG).write_text(config_json)
+        return run_dir
 
     def __enter__(self) -> "RunDir":
         return self
@@ -93,7 +101,7 @@ class RunDir:
     def truncate_metrics(self, from_step: int) -> None:
         """Drop metric records with step >= from_step (a resumed run logs them again)."""
         file = self.path / METRICS
-        if not file.exists():
+        if not file.exists() or not self.primary:
             return
         kept = [line for line in file.read_text().splitlines()
                 if line.strip() and json.loads(line)["step"] < from_step]
@@ -101,6 +109,8 @@ class RunDir:
 
     def log(self, step: int, metrics: Mapping[str, Any], *, prefix: str = "") -> None:
         """Append one record to metrics.jsonl and write scalars to tensorboard."""
+        if not self.primary:
+            return
         metrics = _to_builtin(metrics)
         record = {"step": int(step), **{prefix + k: v for k, v in metrics.items()}}
         with open(self.path / METRICS, "a") as f:
@@ -123,19 +133,22 @@ class RunDir:
         import matplotlib.pyplot as plt
 
         out = self.figure_path(name)
-        fig.savefig(out, dpi=120, bbox_inches="tight")
+        if self.primary:
+            fig.savefig(out, dpi=120, bbox_inches="tight")
         plt.close(fig)
         return out
 
     def write_json(self, name: str, obj: Any) -> pathlib.Path:
         out = self.path / name
-        out.write_text(json.dumps(_to_builtin(obj), indent=2, sort_keys=True))
+        if self.primary:
+            out.write_text(json.dumps(_to_builtin(obj), indent=2, sort_keys=True))
         return out
 
     def write_summary(self, markdown: str) -> pathlib.Path:
         """Write summary.md; this marks the run as finished."""
         out = self.path / SUMMARY
-        out.write_text(markdown.rstrip() + "\n")
+        if self.primary:
+            out.write_text(markdown.rstrip() + "\n")
         return out
 
     @staticmethod
