@@ -144,8 +144,8 @@ def decode(graphdef: nnx.GraphDef, params: Params, prompt_tokens: jax.Array, pro
            key: jax.Array, config: SamplingConfig) -> SampleOutput:
     """Sample up to max_new_tokens continuing each row of `prompt_tokens` [B, P] (right-padded).
 
-    Pure and traceable; the KV cache (P + max_new_tokens slots) lives and dies inside. A row with
-    prompt length 0 is inactive: it generates nothing (this is how `generate` pads the batch).
+    Pure and traceable; the KV cache (P + max_new_tokens slots per row) lives and dies inside. A row
+    with prompt length 0 is inactive: it generates nothing (this is how `generate` pads the batch).
 
     The prefill runs the decoder's layer scan. The decode loop instead runs the layers as a Python loop
     over per-layer weights and per-layer caches, split once before the loop: XLA:CPU copies a layer's
@@ -157,21 +157,26 @@ def decode(graphdef: nnx.GraphDef, params: Params, prompt_tokens: jax.Array, pro
     batch, prompt_len = prompt_tokens.shape
     chex.assert_shape(prompt_lengths, (batch,))
     model = nnx.merge(graphdef, params)
-    config_m = model.config
+    model_config = model.config
     prompt_lengths = prompt_lengths.astype(jnp.int32)
     new = config.max_new_tokens
-    last_hidden = lambda hidden, index: jnp.take_along_axis(hidden, index[:, None, None], axis=1)[:, 0]
 
-    # Prefill: write every prompt into a fresh cache, take the logits after each row's last prompt token.
+    # Prefill: the prompts' keys and values (P slots: prompts attend only among themselves) and the
+    # logits after each row's last prompt token.
     positions = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), (batch, prompt_len))
-    cache = KVCache.zeros(config_m, batch, prompt_len + new, params["embed_tokens"]["embedding"].dtype)
+    cache = KVCache.zeros(model_config, batch, prompt_len, params["embed_tokens"]["embedding"].dtype)
     hidden, cache = model.hidden(prompt_tokens, positions, cache)
-    logits = model.logits(last_hidden(hidden, jnp.maximum(prompt_lengths - 1, 0)))
+    last = jnp.maximum(prompt_lengths - 1, 0)
+    logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
 
+    # Decode: one Block and one cache (grown by `new` slots) per layer.
     block_graphdef, stacked = nnx.split(model.layers)
-    blocks = [nnx.merge(block_graphdef, jax.tree.map(lambda a: a[i], stacked)) for i in range(config_m.num_layers)]
-    inv_freq = rope_inverse_frequencies(config_m)
-    state = _State(index=jnp.zeros((), jnp.int32), cache=[(k, v) for k, v in zip(cache.k, cache.v)],
+    blocks = [nnx.merge(block_graphdef, jax.tree.map(lambda a: a[i], stacked))
+              for i in range(model_config.num_layers)]
+    inv_freq = rope_inverse_frequencies(model_config)
+    grow = lambda layer_cache: jnp.pad(layer_cache, ((0, 0), (0, 0), (0, new), (0, 0)))
+    state = _State(index=jnp.zeros((), jnp.int32),
+                   cache=[(grow(k), grow(v)) for k, v in zip(cache.k, cache.v)],
                    tokens=jnp.full((batch, new), config.pad_token_id, jnp.int32),
                    logprobs=jnp.zeros((batch, new), jnp.float32),
                    lengths=jnp.zeros((batch,), jnp.int32), done=prompt_lengths == 0)

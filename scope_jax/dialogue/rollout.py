@@ -202,9 +202,10 @@ def rollout(env: Environment, episodes: list[Episode], agent: Player, sim_turn: 
 def play(env: Environment, episodes: list[Episode], agent: Player, sim_turn: SimTurn | None, key: jax.Array,
          first_turn: int = 0, last_turn: int | None = None) -> list[Episode]:
     """Continue `episodes` from turn `first_turn`: turns alternate from env.first_speaker, each role speaks
-    at most env.max_turns times, the simulator side through `sim_turn`. Played to the end (rewards filled
-    in), or only up to turn `last_turn` (exclusive; nothing is finalised): a fork point. Forked copies of
-    an episode continue from there with `first_turn=last_turn`."""
+    at most env.max_turns times, the simulator side through `sim_turn`. Played to the end (an environment
+    with a `closing` question gets the simulator's answer in one extra turn; rewards filled in), or only up
+    to turn `last_turn` (exclusive; nothing is finalised): a fork point. Forked copies of an episode
+    continue from there with `first_turn=last_turn`."""
     order = [env.first_speaker, SIM if env.first_speaker == AGENT else AGENT]
     end = 2 * env.max_turns if last_turn is None else last_turn
     for turn in range(first_turn, end):
@@ -218,6 +219,15 @@ def play(env: Environment, episodes: list[Episode], agent: Player, sim_turn: Sim
             sim_turn(env, active, turn_key)
     if last_turn is not None:
         return episodes
+    closing = getattr(env, "closing", lambda episode: [])
+    asked = []
+    for episode in episodes:
+        question = [] if episode.done else closing(episode)
+        if question:
+            episode.messages.extend(question)
+            asked.append(episode)
+    if asked:
+        sim_turn(env, asked, jax.random.fold_in(key, end))
     for episode in episodes:
         if not episode.done:
             episode.done, episode.end_reason = True, "turn_limit"

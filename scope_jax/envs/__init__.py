@@ -4,9 +4,10 @@
 """
 
 from scope_jax.envs.base import Environment, TurnResult
+from scope_jax.envs.p4g import P4GEnv
 from scope_jax.envs.target_word import TargetWordEnv
 
-ENVIRONMENTS = {"target_word": TargetWordEnv}
+ENVIRONMENTS = {"target_word": TargetWordEnv, "p4g": P4GEnv}
 
 
 def make(name: str, **settings) -> Environment:

@@ -41,5 +41,10 @@ class Environment(Protocol):
     def after_turn(self, episode: Episode, message: Message) -> TurnResult:
         """React to `message`, just appended to `episode` (tool calls, end signals)."""
 
+    # Optional: def closing(self, episode: Episode) -> list[Message]
+    #     Called once for each episode still running after the last regular turn: messages to append (a
+    #     survey question such as P4G's "how much do you donate?") that the simulator then answers in one
+    #     extra turn; [] for none. Environments without it end at the turn limit.
+
     def rewards(self, episode: Episode) -> dict[str, float]:
         """Rewards of a finished episode: {"agent": r, "sim": r_sim} (other keys are logged)."""

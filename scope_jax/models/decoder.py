@@ -27,14 +27,18 @@ Params = dict  # the pure-dict state of a Decoder, as returned by `split`
 
 
 class KVCache(NamedTuple):
-    """Keys and values of every layer: [num_layers, batch, max_len, num_kv_heads, head_dim]."""
+    """Keys and values of every layer: [num_layers, batch, num_kv_heads, max_len, head_dim].
+
+    Heads come before positions so that the attention matmuls read a layer's cache as it lies in memory
+    (with positions first, XLA transposes the whole cache of every layer at every decoding step).
+    """
 
     k: jax.Array
     v: jax.Array
 
     @classmethod
     def zeros(cls, config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
-        shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+        shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
@@ -104,26 +108,30 @@ class Attention(nnx.Module):
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [B, kv_heads, L, head_dim], the cache layout
 
         if cache is None:
             key_positions = positions
         else:
             # Each row's chunk is contiguous from positions[:, 0]: write it into the cache at that slot.
-            write = jax.vmap(lambda buf, new, start: jax.lax.dynamic_update_slice(buf, new, (start, 0, 0)))
+            write = jax.vmap(lambda buf, new, start: jax.lax.dynamic_update_slice(buf, new, (0, start, 0)))
             cache = (write(cache[0], k.astype(cache[0].dtype), positions[:, 0]),
                      write(cache[1], v.astype(cache[1].dtype), positions[:, 0]))
             k, v = cache
-            key_positions = jnp.broadcast_to(jnp.arange(k.shape[1]), (b, k.shape[1]))
+            key_positions = jnp.broadcast_to(jnp.arange(k.shape[2]), (b, k.shape[2]))
 
+        # Query heads grouped by their kv head, [B, kv_heads, groups, L, head_dim]: with every operand laid
+        # out as [batch dims..., rows, contraction] XLA:CPU runs both matmuls without transposing the
+        # cache and several times faster than from the [B, L, heads, head_dim] layout.
         groups = c.num_heads // c.num_kv_heads
-        q = q.reshape(b, length, c.num_kv_heads, groups, c.head_dim)
-        scores = jnp.einsum("blhgd,bshd->bhgls", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
+        q = q.reshape(b, length, c.num_kv_heads, groups, c.head_dim).transpose(0, 2, 3, 1, 4)
+        scores = jnp.einsum("bhgld,bhsd->bhgls", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
         scores = scores / math.sqrt(c.head_dim)
         visible = key_positions[:, None, :] <= positions[:, :, None]  # [B, L, S]
         scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bhgls,bshd->blhgd", weights, v).reshape(b, length, c.num_heads * c.head_dim)
-        return self.o_proj(out.astype(x.dtype)), cache
+        out = jnp.einsum("bhgls,bhsd->bhgld", weights, v).transpose(0, 3, 1, 2, 4)
+        return self.o_proj(out.reshape(b, length, c.num_heads * c.head_dim).astype(x.dtype)), cache
 
 
 class MLP(nnx.Module):

@@ -19,6 +19,8 @@ Simulator modes (`sim.mode`) are configurations of this one loop and its one tra
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
 import logging
 import time
 from typing import Any
@@ -30,7 +32,7 @@ import numpy as np
 from scope_jax import envs, sharding
 from scope_jax.config import ConfigError
 from scope_jax.dialogue.batching import final_view, group_advantages, pad_views, population_batch
-from scope_jax.dialogue.episode import AGENT, SIM, Episode
+from scope_jax.dialogue.episode import AGENT, ROLES, SIM, Episode
 from scope_jax.dialogue.rollout import (Player, SimTurn, members_turn, population_turn, rollout,
                                         verbalized_turn)
 from scope_jax.sampling import SamplingConfig
@@ -60,7 +62,8 @@ def default_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.experiment = "dialogue_rl"
     c.seed = 0
-    c.env = ml_collections.ConfigDict({"name": "target_word", "max_turns": 2})
+    # The settings of every environment; each takes those its class has (see make_env).
+    c.env = ml_collections.ConfigDict({"name": "target_word", "max_turns": 2, "data_dir": "../shared/data/p4g"})
     c.agent = ml_collections.ConfigDict({"model": "tiny:0", "dtype": "float32", "max_context": 512})
     c.sim = ml_collections.ConfigDict({
         "mode": "frozen",          # see SIM_MODES
@@ -83,7 +86,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.optimizer = ml_collections.ConfigDict(dataclasses.asdict(OptimizerConfig()))
     c.train = ml_collections.ConfigDict({
         "steps": 30, "microbatches": 1, "eval_every": 10, "eval_groups": 4, "checkpoint_every": 10,
-        "max_consecutive_skips": 3,
+        "max_consecutive_skips": 3, "samples": 4,  # transcripts written at each eval: samples/step-S.jsonl
     })
     c.eval = ml_collections.ConfigDict({"sim_models": ("tiny:101",)})
     c.monitor = ml_collections.ConfigDict(dataclasses.asdict(monitor.MonitorConfig()))
@@ -111,6 +114,18 @@ def check(config: ml_collections.ConfigDict) -> None:
         VerbalizedConfig(**{k: v for k, v in config.verbalized.items() if k != "max_new_tokens"})
     except ValueError as e:
         raise ConfigError(f"config group 'verbalized': {e}") from None
+    make_env(config.env)  # a missing or malformed data file stops the run here, in one line
+
+
+def make_env(env_config: ml_collections.ConfigDict) -> envs.Environment:
+    """The environment `env_config.name` with the settings of the group that its class takes."""
+    if env_config.name not in envs.ENVIRONMENTS:
+        raise ConfigError(f"config key 'env.name' is {env_config.name!r}; one of {', '.join(envs.ENVIRONMENTS)}")
+    takes = inspect.signature(envs.ENVIRONMENTS[env_config.name]).parameters
+    try:
+        return envs.make(env_config.name, **{k: v for k, v in env_config.items() if k in takes})
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"config group 'env': {e}") from None
 
 
 def simulator_count(config) -> int:
@@ -122,10 +137,12 @@ def simulator_count(config) -> int:
     return 1
 
 
-def _loss_config(algo, kl_coef: float) -> LossConfig:
+def _loss_config(config, kl_coef: float) -> LossConfig:
+    algo = config.algo
     return LossConfig(epsilon_low=algo.epsilon_low, epsilon_high=algo.epsilon_high,
                       dual_clip=algo.dual_clip or None, aggregation=algo.aggregation, kl_coef=kl_coef,
-                      kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef)
+                      kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef,
+                      temperature=config.sampling.temperature)
 
 
 @dataclasses.dataclass
@@ -149,7 +166,7 @@ class Setup:
 
 
 def build(config: ml_collections.ConfigDict) -> Setup:
-    env = envs.make(config.env.name, **{k: v for k, v in config.env.items() if k != "name"})
+    env = make_env(config.env)
     words = getattr(env, "vocabulary", ())
 
     def player(spec: str) -> Player:
@@ -180,8 +197,8 @@ def build(config: ml_collections.ConfigDict) -> Setup:
         ref_roles.add("agent" if mode == "selfplay" else "sims")
     state = joint.create(params, optimizer, seed=config.seed, ref_roles=tuple(sorted(ref_roles)))
     step_config = TrainStepConfig(
-        agent=_loss_config(config.algo, config.algo.kl_coef),
-        sims=_loss_config(config.algo, config.algo.sim_kl_coef) if trains_sims else None,
+        agent=_loss_config(config, config.algo.kl_coef),
+        sims=_loss_config(config, config.algo.sim_kl_coef) if trains_sims else None,
         self_play=mode == "selfplay", microbatches=config.train.microbatches)
     sim_graphdef = sim.graphdef if sim is not None else agent.graphdef
     step = make_train_step(agent.graphdef, sim_graphdef, optimizer, step_config)
@@ -246,7 +263,25 @@ def episode_stats(episodes: list[Episode]) -> dict[str, float]:
              "messages": float(np.mean([len(e.messages) for e in episodes]))}
     for reason in sorted({e.end_reason for e in episodes}):
         stats[f"end/{reason}"] = float(np.mean([e.end_reason == reason for e in episodes]))
+    for key in sorted(set(episodes[0].rewards) - set(ROLES)):  # the environment's other outcomes
+        stats[f"env/{key}"] = float(np.mean([e.rewards[key] for e in episodes]))
     return stats
+
+
+def transcript(env, episode: Episode) -> dict[str, Any]:
+    """An episode as plain data: what each role was told, the messages, how it ended, its rewards."""
+    return {"scenario": str(episode.scenario), "group": episode.group, "sim_index": episode.sim_index,
+            "system": {role: env.system_prompt(episode.scenario, role) for role in ROLES},
+            "messages": [{"role": m.role, "text": m.text} for m in episode.messages],
+            "end_reason": episode.end_reason, "rewards": episode.rewards}
+
+
+def write_samples(run_dir: RunDir, env, step: int, episodes: list[Episode]) -> None:
+    """Transcripts of `episodes` to samples/step-STEP.jsonl (rewritten when a resumed run repeats the step)."""
+    folder = run_dir.path / "samples"
+    folder.mkdir(exist_ok=True)
+    lines = [json.dumps(transcript(env, e)) + "\n" for e in episodes]
+    (folder / f"step-{step}.jsonl").write_text("".join(lines))
 
 
 def make_batch(setup: Setup, config, episodes: list[Episode]) -> Batch:
@@ -325,6 +360,8 @@ def train(config: ml_collections.ConfigDict, run_dir: RunDir) -> tuple[joint.Joi
         if config.train.eval_every and (step + 1) % config.train.eval_every == 0:
             extra.update(evaluate(setup, config, players.agent, jax.random.fold_in(key, 1), step))
             extra.update(probes.costly(players, jax.random.fold_in(key, 2)))
+            firsts = episodes[::config.rollout.group_size]  # one episode per scenario
+            write_samples(run_dir, setup.env, step, firsts[:config.train.samples])
         t3 = time.perf_counter()
         state, step_metrics = step_fn(state, batch)
         step_metrics = jax.device_get(step_metrics)

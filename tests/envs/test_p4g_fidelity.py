@@ -1,0 +1,80 @@
+"""The P4G fidelity job: its statistics, and a whole run with tiny models on a toy data file."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments.jobs import p4g_fidelity as job
+from experiments.run import prepare
+from scope_jax.config import ConfigError
+from scope_jax.training.run_dir import RunDir
+from tests.envs.test_p4g import _row, write_info
+
+
+def test_ks_statistic_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a = rng.choice([0.0, 0.5, 1.0, 2.0], rng.integers(1, 30))
+        b = np.round(rng.uniform(0, 2, rng.integers(1, 30)), 1)
+        assert job.ks_statistic(a, b) == pytest.approx(stats.ks_2samp(a, b).statistic)
+
+
+def test_rank_correlation_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(1)
+    a, b = rng.choice([0.0, 0.5, 1.0, 2.0], 40), rng.choice([0.0, 0.1, 1.0], 40)
+    assert job.rank_correlation(a, b) == pytest.approx(stats.spearmanr(a, b).statistic)
+    assert np.isnan(job.rank_correlation(np.zeros(5), b[:5]))
+
+
+def test_histogram_bins():
+    shares = job.histogram(np.array([0.0, 0.01, 0.25, 0.5, 1.0, 1.0, 1.99, 2.0]))
+    assert shares.sum() == pytest.approx(1.0) and len(shares) == len(job.BIN_LABELS)
+    assert shares[0] == shares[1] == 1 / 8 and shares[5] == 2 / 8 and shares[-1] == 2 / 8
+    humans = np.array([0.0, 0.0, 1.0, 2.0])
+    assert job.distances(humans, humans) == {"hist_l1": 0.0, "ks": 0.0}
+    assert job.distances(np.zeros(4), humans) == {"hist_l1": 1.0, "ks": 0.5}
+
+
+def tiny_config(data_dir):
+    config = job.default_config()
+    config.update(dialogues=4, batch=2)
+    config.env.update(data_dir=str(data_dir), max_turns=1)
+    config.persuader.update(model="tiny:0", max_new_tokens=4)
+    config.simulator.update(model="tiny:1", max_new_tokens=4)
+    config.verbalized.max_new_tokens = 8
+    return config
+
+
+def test_config_errors(tmp_path):
+    config = tiny_config(tmp_path / "absent")
+    with pytest.raises(ConfigError, match="full_info.csv is missing"):
+        prepare(config)
+    config = tiny_config(write_info(tmp_path, [_row(f"u{i}") for i in range(8)]))
+    config.arms = ("direct", "guess")
+    with pytest.raises(ConfigError, match="'arms'"):
+        prepare(config)
+
+
+def test_run_writes_table_figure_and_dialogues(tmp_path):
+    data = write_info(tmp_path / "data", [_row(f"u{i}", donation=str(i % 5 * 0.5)) for i in range(12)])
+    config = tiny_config(data)
+    prepare(config)
+    with RunDir.create(tmp_path / "run", config) as run_dir:
+        job.run(config, run_dir)
+    results = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert results["humans"]["n"] == 12 and results["humans"]["mean_donation"] == pytest.approx(0.875)
+    for arm in job.ARMS:
+        r = results["arms"][arm]
+        # tiny random models never state an amount: every dialogue is asked at the end and reads as $0
+        assert r["n"] == 4 and r["donation_rate"] == 0.0 and r["asked_closing"] == 1.0
+        assert r["ks"] == pytest.approx(0.75) and 0.0 <= r["identical"] <= 1.0
+    assert results["arms"]["verbalized"]["vs_fallback_rate"] == 1.0
+    assert (tmp_path / "run" / "figures" / "donations.png").stat().st_size > 0
+    assert "| direct | 4 |" in (tmp_path / "run" / "summary.md").read_text()
+    dialogues = [json.loads(line) for line in (tmp_path / "run" / "dialogues.jsonl").read_text().splitlines()]
+    assert len(dialogues) == 8 and {d["arm"] for d in dialogues} == set(job.ARMS)
+    # the same personas in both arms
+    assert [d["scenario"] for d in dialogues[:4]] == [d["scenario"] for d in dialogues[4:]]

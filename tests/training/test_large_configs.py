@@ -1,0 +1,63 @@
+"""The larger-model configs keep running: one training step of each Qwen3 size on a tiny random checkpoint of
+the same architecture (the real GQA ratio and head_dim / (hidden / heads) ratio, tiny sizes), saved as an HF
+folder like the released ones and loaded through the config's own model keys."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from experiments.configs import p4g_qwen3
+from experiments.run import prepare
+from scope_jax.models import init, save_pretrained
+from scope_jax.models.tiny import word_tokenizer
+from scope_jax.training import loop
+from scope_jax.training.run_dir import RunDir
+from tests.envs.test_p4g import _row, write_info
+
+
+def tiny_like(arch, vocab_size: int):
+    """`arch` with 2 layers and every width divided (hidden / 32, heads / 4, head_dim / 8): the ratios stay."""
+    return dataclasses.replace(arch, vocab_size=vocab_size, num_layers=2, hidden_size=arch.hidden_size // 32,
+                               intermediate_size=arch.intermediate_size // 32, num_heads=arch.num_heads // 4,
+                               num_kv_heads=arch.num_kv_heads // 4, head_dim=arch.head_dim // 8)
+
+
+def test_memory_estimate_counts_the_state():
+    arch = p4g_qwen3.ARCHITECTURES["0.6b"]
+    assert arch.num_params == pytest.approx(0.596e9, rel=1e-3)  # Qwen3-0.6B as released
+    one = p4g_qwen3.memory_per_device(arch, trained=1, frozen=0, unsharded=0)
+    assert one.state == arch.num_params * 2 * 4  # bf16 params, gradient, two AdamW moments
+    sharded = p4g_qwen3.memory_per_device(arch, trained=1, frozen=0, unsharded=0, shards=8)
+    assert sharded.state == one.state / 8 and sharded.activations == one.activations
+    assert one.activations_remat < one.activations
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", sorted(p4g_qwen3.ARCHITECTURES))
+def test_one_training_step_on_a_tiny_checkpoint(tmp_path, size):
+    arch = p4g_qwen3.ARCHITECTURES[size]
+    tokenizer = word_tokenizer(("I", "will", "donate", "$1", "no", "thanks", "hello"))
+    tiny = tiny_like(arch, len(tokenizer))
+    assert tiny.num_heads // tiny.num_kv_heads == arch.num_heads // arch.num_kv_heads
+    assert tiny.head_dim * tiny.num_heads / tiny.hidden_size == arch.head_dim * arch.num_heads / arch.hidden_size
+    _, params = init(tiny, seed=0)
+    save_pretrained(params, tiny, tokenizer, tmp_path / "model")
+
+    config = p4g_qwen3.get_config(str(tmp_path / "model"))
+    config.env.update(data_dir=str(write_info(tmp_path / "data", [_row(f"u{i}") for i in range(8)])),
+                      max_turns=1)
+    config.sampling.max_new_tokens = 4
+    config.rollout.update(groups=2, group_size=2)
+    config.train.update(steps=1, eval_every=1, eval_groups=1, checkpoint_every=1, microbatches=2)
+    config.monitor.update(probe_contexts=1, probe_samples=2, fork_contexts=1, forks=2, branches=2)
+    prepare(config)
+    with RunDir.create(tmp_path / "run", config) as run_dir:
+        state, metrics = loop.train(config, run_dir)
+    assert int(state.step) == 1 and metrics["skipped"] == 0.0 and np.isfinite(metrics["loss"])
+    # (tiny random models never name an amount: every reward is 0, so the gradient is 0 too)
+    assert np.isfinite(metrics["agent/entropy"]) and "heldout_reward" in metrics
+    lines = (tmp_path / "run" / "samples" / "step-0.jsonl").read_text().splitlines()
+    samples = [json.loads(line) for line in lines]
+    assert len(samples) == 2 and samples[0]["messages"][-2]["role"] == "env"  # the closing question
