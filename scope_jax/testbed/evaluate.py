@@ -100,6 +100,7 @@ def exact_metrics(policy: np.ndarray, train_sims: Sequence[np.ndarray], populati
         "train_value": float(np.mean([personas.policy_value(policy, q) for q in train_sims])),
         "sim_deviation": float(np.mean([personas.simulator_deviation(policy, q) for q in train_sims])),
         "sim_variance_share": float(np.nanmean([s.simulator_share for s in splits])),
+        "sim_side_variance": float(np.mean([s.simulator_side for s in splits])),
         "reward_variance": float(np.mean([s.total for s in splits])),
         "entropy_on_sim": _weighted(entropy, reach_sim),
         "entropy_off_sim": _weighted(entropy, np.maximum(reach_pop - reach_sim, 0.0)),

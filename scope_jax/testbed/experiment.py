@@ -129,7 +129,8 @@ def pretraining_diagnostics(agent: np.ndarray, base: np.ndarray, cards: np.ndarr
     out: dict[str, Any] = {k: [] for k in (
         "agent_first_turn_tv_to_p4g", "agent_value", "base_tv", "card_tv", "collapsed_tv_to_tabular",
         "base_deviation", "collapsed_deviation", "verbalized_deviation",
-        "verbalized_tv", "verbalized_malformed", "population_deviation", "tabular_collapsed_deviation")}
+        "verbalized_tv", "verbalized_malformed", "population_deviation", "tabular_collapsed_deviation",
+        "base_best_response_value", "verbalized_best_response_value")}
     for r in range(len(agent)):
         pi = agent[r]
         w = _on_policy_weights(pi, population)
@@ -140,6 +141,9 @@ def pretraining_diagnostics(agent: np.ndarray, base: np.ndarray, cards: np.ndarr
         out["collapsed_tv_to_tabular"].append(_tv(collapsed[r], personas.collapsed_simulator(), w))
         out["verbalized_tv"].append(_tv(verbalized[r], population, w))
         out["verbalized_malformed"].append(float(malformed[r].mean()))
+        # Fidelity ceilings: the population value of the best response to each training simulator.
+        for key, table in (("base_best_response_value", base[r]), ("verbalized_best_response_value", verbalized[r])):
+            out[key].append(personas.policy_value(personas.best_response(table).policy, population))
         for key, table in (("base_deviation", base[r]), ("collapsed_deviation", collapsed[r]),
                            ("verbalized_deviation", verbalized[r]),
                            ("population_deviation", population),

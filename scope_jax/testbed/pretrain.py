@@ -56,7 +56,7 @@ class PretrainConfig:
     batch: int = 256
     vs_batch: int = 64
     learning_rate: float = 1e-2
-    agent_steps: int = 150
+    agent_steps: int = 120
     sim_steps: int = 300
     collapse_steps: int = 200
     card_prob: float = 0.5

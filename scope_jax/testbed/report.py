@@ -36,7 +36,9 @@ EVAL_METRICS = {
     "heldout_donation": "held-out donation ($)", "heldout_sims_value": "held-out transformer simulators: value",
     "train_value": "value on the training simulators (exact)",
     "sim_deviation": "simulator deviation (exact, on-policy)",
-    "sim_variance_share": "simulator-side share of reward variance", "entropy_on_sim": "entropy, on-simulator states",
+    "sim_variance_share": "simulator-side share of reward variance",
+    "sim_side_variance": "simulator-side reward variance E[Var(r | h)] (Lemma 3.3)",
+    "reward_variance": "reward variance on the training simulators", "entropy_on_sim": "entropy, on-simulator states",
     "entropy_off_sim": "entropy, off-simulator states", "first_turn_entropy": "first-turn entropy",
     "first_turn_inquiry": "first-turn P(personal inquiry)",
 }
@@ -77,7 +79,7 @@ def _band(ax, x, curves, color, label, smooth: int = 1):
 
 def _limits(ax, key: str) -> None:
     """Keep the axes to a metric's range: 95% bands over 3 seeds can be wider than it."""
-    if "entropy" in key or "deviation" in key or key in ("sim_kl", "reward_variance"):
+    if "entropy" in key or "deviation" in key or key.endswith("variance") or key == "sim_kl":
         ax.set_ylim(bottom=0.0)
     else:
         ax.set_ylim(0.0, 2.0 if "donation" in key else 1.0)
@@ -182,6 +184,12 @@ def _findings(results: Results, summary: dict[str, Any]) -> list[str]:
                   f"agent's {untrained:.3f}")
             per_seed = np.array(arms["frozen"]["heldout_value"]["seeds"]) < untrained
             s += f" ({int(per_seed.sum())} of {len(per_seed)} seeds below it)."
+        var0, var1 = f.evals["sim_side_variance"][:, 0].mean(), get("frozen", "sim_side_variance")[0]
+        s += (f" Exact on-policy entropy on the states its simulator produces fell to "
+              f"{get('frozen', 'entropy_on_sim')[0]:.2f} nats; the simulator-side reward variance (Lemma 3.3) "
+              f"from {var0:.4f} to {var1:.4f}, with {get('frozen', 'step/zero_variance_groups')[0]:.0%} of groups "
+              f"at zero variance at the end (the simulator-side *share* rises because the agent-side part "
+              f"vanishes faster).")
         lines.append(s)
     for fix, d in deltas.items():
         dv, hv = d["heldout_value"]["mean"], d["heldout_value"]["ci95"]
@@ -191,7 +199,8 @@ def _findings(results: Results, summary: dict[str, Any]) -> list[str]:
         ent = get(fix, "step/agent_entropy")[0]
         lines.append(f"**{results.arms[fix].label}** vs single frozen simulator: held-out value "
                      f"{dv:+.3f} ± {hv:.3f}, success {ds:+.3f} ± {hs:.3f} ({sign} at 95%); final token entropy "
-                     f"{ent:.2f} nats vs {get('frozen', 'step/agent_entropy')[0]:.2f}.")
+                     f"{ent:.2f} nats vs {get('frozen', 'step/agent_entropy')[0]:.2f}; simulator-side variance "
+                     f"{get(fix, 'sim_side_variance')[0]:.4f}.")
     return lines
 
 
@@ -238,6 +247,10 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
               f"| TV verbalized (collapsed model) vs population | {mean_sd(pre['verbalized_tv'])} |",
               f"| TV collapsed vs tabular collapsed simulator | {mean_sd(pre['collapsed_tv_to_tabular'])} |",
               f"| malformed greedy verbalizations | {mean_sd(pre['verbalized_malformed'])} |",
+              f"| population value of the best response to the base simulator | "
+              f"{mean_sd(pre['base_best_response_value'])} |",
+              f"| population value of the best response to the verbalized simulator | "
+              f"{mean_sd(pre['verbalized_best_response_value'])} |",
               f"| pretrained agent: first-turn TV to P4G frequencies | {mean_sd(pre['agent_first_turn_tv_to_p4g'])} |"]
     lines += [f"| held-out simulator {h} (prior {np.round(x['prior'], 2).tolist()}): TV to its population, "
               f"deviation | {x['tv_to_own_population']:.3f}, {x['deviation']:.3f} |"
@@ -246,7 +259,8 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
             ("heldout_success", "held-out success"), ("heldout_donation", "donation $"),
             ("heldout_sims_value", "held-out sims value"), ("step/agent_entropy", "token entropy"),
             ("entropy_off_sim", "off-sim entropy"), ("sim_deviation", "sim deviation"),
-            ("sim_variance_share", "sim variance share"), ("step/zero_variance_groups", "zero-var groups"))
+            ("sim_variance_share", "sim variance share"), ("sim_side_variance", "sim-side variance"),
+            ("step/zero_variance_groups", "zero-var groups"))
     lines += ["", "## Final numbers per arm", "", "| arm | " + " | ".join(c for _, c in cols) + " |",
               "|---" * (len(cols) + 1) + "|"]
     for name, arm in arms.items():
@@ -256,8 +270,9 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
         lines.append(f"| {summary['labels'][name]} | " + " | ".join(cells) + " |")
     lines += ["", "Train reward: mean over the last evaluation interval of steps (untrained: its exact value on the "
               "collapsed simulator). Held-out and simulator columns: the last exact evaluation. Token entropy: the "
-              "train step's mean entropy of the agent's act distribution at its sampled decisions; off-sim entropy: exact, over the "
-              "states the population reaches more often than the training simulators (evaluate.py).", ""]
+              "train step's mean entropy of the agent's act distribution at its sampled decisions; off-sim "
+              "entropy: exact, over the states the population reaches more often than the training simulators "
+              "(evaluate.py).", ""]
     if summary["deltas_over_frozen"]:
         lines += ["## Fixes over the single frozen simulator (paired by seed)", "",
                   "| fix | Δ held-out value | Δ success | Δ donation $ | Δ held-out sims value "
@@ -268,6 +283,14 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
                      ("heldout_value", "heldout_success", "heldout_donation", "heldout_sims_value", "entropy_off_sim")]
             lines.append(f"| {summary['labels'][fix]} | " + " | ".join(cells) + " |")
     lines += ["", "## What appeared", ""] + [f"- {x}" for x in _findings(results, summary)]
+    best = max(arms[a]["heldout_value"]["mean"] for a in arms)
+    ceiling = summary["references"]["best adaptive"]["value"]
+    lines.append(f"- No arm comes near the adaptive ceiling ({ceiling:.3f}); the best ends at {best:.3f}. Part of "
+                 f"the gap is simulator fidelity: the best response to the base transformer simulator is worth "
+                 f"{np.mean(pre['base_best_response_value']):.3f} on the population (seeds "
+                 f"{', '.join(f'{x:.3f}' for x in pre['base_best_response_value'])}), to the verbalized one "
+                 f"{np.mean(pre['verbalized_best_response_value']):.3f} (their replies after the persona-revealing "
+                 f"inquiry are the least accurate); the rest is the short RL budget.")
     missing = [arms_lib.ARMS[a].label for a in arms_lib.ARMS if a not in results.arms]
     if missing:
         lines.append(f"- Not run in this configuration: {', '.join(missing)}.")

@@ -38,8 +38,8 @@ from scope_jax.training.train_step import TrainStepConfig, make_train_step
 class RLConfig:
     """steps must be a multiple of eval_every; groups a multiple of the arm's members."""
 
-    steps: int = 150
-    eval_every: int = 25
+    steps: int = 120
+    eval_every: int = 20
     groups: int = 12
     group_size: int = 16
     learning_rate: float = 1e-3
