@@ -1,7 +1,7 @@
 """P4G simulator fidelity: simulated persuadees' donations vs the humans', direct vs Verbalized Sampling.
 
-    python -m experiments.run --config=experiments/configs/p4g_fidelity.py          # SmolLM2-135M, CPU
-    python -m experiments.run --config=experiments/configs/p4g_fidelity.py:quick    # 4 dialogues, a smoke test
+    python -m experiments.run --config=experiments/configs/p4g_fidelity.py        # SmolLM2-135M, CPU
+    python -m experiments.run --config=experiments/configs/p4g_fidelity.py:quick  # 4 dialogues: smoke test
     python -m experiments.run --config=experiments/configs/p4g_fidelity.py \\
         --config.simulator.model=/models/Qwen3-1.7B --config.dialogues=256 --config.batch=64 \\
         --config.env.max_turns=10                                            # a real simulator (GPU)

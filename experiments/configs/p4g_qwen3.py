@@ -78,10 +78,11 @@ def memory_per_device(arch: ModelConfig, *, dtype: str = "bfloat16", trained: in
     simulators), sit frozen (the simulator in frozen / verbalized mode), or serve as KL references; each
     trained model holds params, a gradient and two AdamW moments in `dtype`. shards: devices the state is
     sharded over (fsdp x tensor). unsharded: models held whole on one device outside the state (the
-    held-out simulator; counted in full, as on the first device). sequences: sequences of `length` tokens per device in one micro-batch. Activations per layer:
-    the saved matmul inputs and outputs (in `dtype`) plus the float32 attention scores and probabilities
-    (heads x length^2 each: the decoder materialises them); the output head is chunked (`logit_chunk`
-    tokens of float32 logits, kept three times). Rough by design (XLA's buffer reuse is not modelled):
+    held-out simulator; counted in full, as on the first device). sequences: sequences of `length` tokens
+    per device in one micro-batch. Activations per layer: the saved matmul inputs and outputs (in
+    `dtype`) plus the float32 attention scores and probabilities (heads x length^2 each: the decoder
+    materialises them); the output head is chunked (`logit_chunk` tokens of float32 logits, kept three
+    times). Rough by design (XLA's buffer reuse is not modelled):
     meant to choose a layout, not to promise a number.
     """
     b = BYTES[dtype]
@@ -114,8 +115,8 @@ def memory_table(shards: int = 8, rows: int = 128) -> str:
         for mode, roles in (("frozen", dict(trained=1, frozen=1)),
                             ("cotrain", dict(trained=2, frozen=0, references=1))):
             m = memory_per_device(arch, shards=shards, **roles)
-            lines.append(f"| Qwen3-{size.upper()} | {arch.num_params / 1e9:.2f}B | {mode} | {m.state / gib:.1f} "
-                         f"| {m.total / gib:.1f} | {m.total_remat / gib:.1f} "
+            lines.append(f"| Qwen3-{size.upper()} | {arch.num_params / 1e9:.2f}B | {mode} "
+                         f"| {m.state / gib:.1f} | {m.total / gib:.1f} | {m.total_remat / gib:.1f} "
                          f"| {kv_cache_bytes(arch, rows) / gib:.0f} |")
     return "\n".join(lines)
 

@@ -71,7 +71,8 @@ def default_config() -> ml_collections.ConfigDict:
 def check(config: ml_collections.ConfigDict) -> None:
     unknown = set(config.arms) - set(ARMS)
     if unknown or not config.arms:
-        raise ConfigError(f"config key 'arms' must be a non-empty subset of {', '.join(ARMS)}; got {config.arms}")
+        raise ConfigError(f"config key 'arms' must be a non-empty subset of {', '.join(ARMS)}; "
+                          f"got {config.arms}")
     if config.dialogues % config.batch:
         raise ConfigError("config key 'dialogues' must be a multiple of 'batch'")
     try:
@@ -155,7 +156,8 @@ def _players(config) -> tuple[Player, Player]:
             loaded[group.model] = load_model(group.model, dtype=config.dtype)
         graphdef, params, tokenizer = loaded[group.model]
         sampling = SamplingConfig(temperature=group.temperature, top_p=group.top_p,
-                                  max_new_tokens=group.max_new_tokens, stop_token_ids=(tokenizer.eos_token_id,),
+                                  max_new_tokens=group.max_new_tokens,
+                                  stop_token_ids=(tokenizer.eos_token_id,),
                                   pad_token_id=tokenizer.pad_token_id or 0)
         return Player(graphdef, params, tokenizer, sampling, config.max_context)
 
@@ -247,8 +249,8 @@ def summary(results: dict, config, transcripts: list[dict]) -> str:
     ]
     rows = [("humans (all)", results["humans"]), ("humans (these personas)", results["humans_sampled"])]
     rows += list(results["arms"].items())
-    columns = ("donation_rate", "mean_donation", "hist_l1", "ks", "persona_corr", "asked_closing", "amount_read",
-               f"distinct_{n}", "identical", "vs_parse_failure_rate", "vs_fallback_rate")
+    columns = ("donation_rate", "mean_donation", "hist_l1", "ks", "persona_corr", "asked_closing",
+               "amount_read", f"distinct_{n}", "identical", "vs_parse_failure_rate", "vs_fallback_rate")
     for name, r in rows:
         cells = [f"{r[key]:.3f}" if key in r else "" for key in columns]
         cells.append(f"{r['seconds']:.0f}" if "seconds" in r else "")

@@ -79,8 +79,8 @@ PERSUADEE_PROMPT = (
     "give is taken out of your real payment, so treat the money as your own. Decide as this person would; "
     "giving nothing is fine. Reply in one or two short sentences.")
 OPENING = "(Your chat partner has joined. Start the conversation.)"
-CLOSING_QUESTION = ("The chat is over. How much of your $2 do you donate to Save the Children? Answer with an "
-                    "amount in dollars, from $0 to $2.")
+CLOSING_QUESTION = ("The chat is over. How much of your $2 do you donate to Save the Children? Answer with "
+                    "an amount in dollars, from $0 to $2.")
 
 
 class P4GDataError(ValueError):
@@ -180,7 +180,8 @@ def persona_card(persona: Persona) -> str:
 _DEMOGRAPHICS = {
     "race": {"White": "white", "Other": "non-white"},
     "edu": {"Less than four-year college": "without a four-year college degree",
-            "Four-year college": "with a four-year college degree", "Postgraduate": "with a postgraduate degree"},
+            "Four-year college": "with a four-year college degree",
+            "Postgraduate": "with a postgraduate degree"},
     "marital": {"Married": "married", "Unmarried": "not married"},
     "employment": {"Employed for wages": "employed for wages", "Other": "not employed for wages"},
     "religion": {"Protestant": "Protestant", "Catholic": "Catholic", "Atheist": "an atheist",
@@ -228,30 +229,28 @@ _NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"
 _TOKEN = re.compile(rf"{_NUMBER}|[a-z]+(?:'[a-z]+)?|[$¢]")
 _VERB = re.compile(r"donat(?:e|es|ed|ing|ion|ions)|giv(?:e|es|ing|en)|gave|contribut(?:e|es|ed|ing|ion)|"
                    r"pledg(?:e|es|ed|ing)|offer(?:s|ed|ing)?|spare|spared|sparing")
-_VERB_PHRASES = (("chip", "in"), ("chipping", "in"), ("count", "me", "in", "for"), ("put", "me", "down", "for"),
-                 ("make", "it"))
+_VERB_PHRASES = (("chip", "in"), ("chipping", "in"), ("count", "me", "in", "for"),
+                 ("put", "me", "down", "for"), ("make", "it"))
 _NEGATION = {"not", "no", "never", "cannot", "unable", "refuse", "nor", "neither"}
 # "don't mind giving", "can't wait to donate", "wouldn't hesitate", "not only", "no problem"
 _NOT_NEGATING = {"mind", "hesitate", "wait", "only", "problem"}
-_OTHERS = {"you", "you'd", "you'll", "you're", "you've", "they", "they'd", "they'll", "they're", "he", "he'd",
-           "he'll", "he's", "she", "she'd", "she'll", "she's", "people", "everyone", "someone", "others", "anyone",
-           "somebody", "charity", "organization", "organisation", "children", "kids", "friend", "friends",
-           "family", "husband", "wife", "your", "their", "his"}
+_OTHERS = set("you you'd you'll you're you've your they they'd they'll they're their he he'd he'll he's "
+              "his she she'd she'll she's people everyone someone others anyone somebody charity "
+              "organization organisation children kids friend friends family husband wife".split())
 _SELF = {"i", "i'll", "i'd", "i'm", "i've", "we", "we'll", "we'd", "me", "my", "let's"}
 _PAST = {"yesterday", "ago", "previously"}
 _PAST_AFTER_LAST = {"week", "month", "year", "time", "night", "christmas"}
 _DETERMINERS = {"my", "the", "your", "this", "that", "our"}
 # "all of my $2", "a donation of $2": still the donation
-_DONATION_OF = {"all", "amount", "total", "sum", "entire", "entirety", "full", "donation", "contribution", "gift",
-                "pledge", "offer"}
-_FILLER = {"maybe", "about", "around", "roughly", "just", "only", "probably", "perhaps", "ok", "okay", "sure",
-           "um", "uh", "well", "hmm", "i", "i'd", "i'll", "think", "guess", "say", "the", "amount", "is", "will",
-           "be", "yes", "exactly", "approximately", "like", "my", "answer", "it", "it's", "that", "that's",
-           "would", "go", "with", "for", "please", "thanks", "thank", "you", "total"}
+_DONATION_OF = {"all", "amount", "total", "sum", "entire", "entirety", "full", "donation", "contribution",
+                "gift", "pledge", "offer"}
+_FILLER = set("maybe about around roughly just only probably perhaps ok okay sure um uh well hmm i i'd "
+              "i'll think guess say the amount is will be yes exactly approximately like my answer it it's "
+              "that that's would go with for please thanks thank you total".split())
 _DOLLARS = {"dollar", "dollars", "buck", "bucks", "usd", "$"}
 _CENTS = {"cent", "cents", "c", "¢"}
-_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-         "seventeen eighteen nineteen").split()
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+         "sixteen seventeen eighteen nineteen").split()
 _TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80,
          "ninety": 90}
 _WORD_NUMBERS = {**{w: i for i, w in enumerate(_ONES)}, **_TENS}

@@ -63,7 +63,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.experiment = "dialogue_rl"
     c.seed = 0
     # The settings of every environment; each takes those its class has (see make_env).
-    c.env = ml_collections.ConfigDict({"name": "target_word", "max_turns": 2, "data_dir": "../shared/data/p4g"})
+    c.env = ml_collections.ConfigDict({"name": "target_word", "max_turns": 2,
+                                       "data_dir": "../shared/data/p4g"})
     c.agent = ml_collections.ConfigDict({"model": "tiny:0", "dtype": "float32", "max_context": 512})
     c.sim = ml_collections.ConfigDict({
         "mode": "frozen",          # see SIM_MODES
@@ -120,7 +121,8 @@ def check(config: ml_collections.ConfigDict) -> None:
 def make_env(env_config: ml_collections.ConfigDict) -> envs.Environment:
     """The environment `env_config.name` with the settings of the group that its class takes."""
     if env_config.name not in envs.ENVIRONMENTS:
-        raise ConfigError(f"config key 'env.name' is {env_config.name!r}; one of {', '.join(envs.ENVIRONMENTS)}")
+        raise ConfigError(f"config key 'env.name' is {env_config.name!r}; "
+                          f"one of {', '.join(envs.ENVIRONMENTS)}")
     takes = inspect.signature(envs.ENVIRONMENTS[env_config.name]).parameters
     try:
         return envs.make(env_config.name, **{k: v for k, v in env_config.items() if k in takes})

@@ -169,11 +169,13 @@ def test_toy_personas_cards_and_split(toy_data):
     assert "outgoing" in card and "caring for people who suffer" in card and "status least" in card
     scenarios = env.sample_scenarios(5, np.random.default_rng(0), "eval")
     assert {p.participant for p in scenarios} <= held
-    assert card in env.system_prompt(env.personas[0], SIM) and "$2" in env.system_prompt(env.personas[0], AGENT)
+    assert card in env.system_prompt(env.personas[0], SIM)
+    assert "$2" in env.system_prompt(env.personas[0], AGENT)
 
 
 def test_invalid_donations_and_missing_traits_are_none(tmp_path):
-    folder = write_info(tmp_path, [_row("a", donation="50.0", **{"age.x": "", "sex.x": ""}), _row("b", donation="")])
+    rows = [_row("a", donation="50.0", **{"age.x": "", "sex.x": ""}), _row("b", donation="")]
+    folder = write_info(tmp_path, rows)
     personas = p4g.load_personas(folder)
     assert [p.donation for p in personas] == [None, None]
     assert dict(personas[0].traits)["age"] is None
@@ -210,15 +212,15 @@ def test_run_stops_with_one_line_naming_the_file(tmp_path):
 
     config = loop.default_config()
     config.env.name, config.env.data_dir = "p4g", str(tmp_path / "nowhere")
-    with pytest.raises(ConfigError, match=r"config group 'env': P4G data file .*nowhere/FullData/full_info.csv "
-                                          r"is missing"):
+    message = r"config group 'env': P4G data file .*nowhere/FullData/full_info.csv is missing"
+    with pytest.raises(ConfigError, match=message):
         prepare(config)
 
 
 # --- rewards and the closing question ------------------------------------------------------------------
 
 def episode(*texts: str, closing_answer: str | None = None) -> Episode:
-    """An episode of alternating persuader / persuadee texts, optionally closed by the question and an answer."""
+    """Alternating persuader / persuadee texts, optionally closed by the question and an answer."""
     e = Episode(scenario=None, group=0)
     e.messages = [Message(AGENT if i % 2 == 0 else SIM, t) for i, t in enumerate(texts)]
     if closing_answer is not None:

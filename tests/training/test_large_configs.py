@@ -18,7 +18,7 @@ from tests.envs.test_p4g import _row, write_info
 
 
 def tiny_like(arch, vocab_size: int):
-    """`arch` with 2 layers and every width divided (hidden / 32, heads / 4, head_dim / 8): the ratios stay."""
+    """`arch` with 2 layers and every width divided (hidden / 32, heads / 4, head_dim / 8): ratios stay."""
     return dataclasses.replace(arch, vocab_size=vocab_size, num_layers=2, hidden_size=arch.hidden_size // 32,
                                intermediate_size=arch.intermediate_size // 32, num_heads=arch.num_heads // 4,
                                num_kv_heads=arch.num_kv_heads // 4, head_dim=arch.head_dim // 8)
@@ -41,7 +41,8 @@ def test_one_training_step_on_a_tiny_checkpoint(tmp_path, size):
     tokenizer = word_tokenizer(("I", "will", "donate", "$1", "no", "thanks", "hello"))
     tiny = tiny_like(arch, len(tokenizer))
     assert tiny.num_heads // tiny.num_kv_heads == arch.num_heads // arch.num_kv_heads
-    assert tiny.head_dim * tiny.num_heads / tiny.hidden_size == arch.head_dim * arch.num_heads / arch.hidden_size
+    ratio = lambda c: c.head_dim * c.num_heads / c.hidden_size  # head_dim / (hidden / heads)
+    assert ratio(tiny) == ratio(arch)
     _, params = init(tiny, seed=0)
     save_pretrained(params, tiny, tokenizer, tmp_path / "model")
 
