@@ -134,6 +134,43 @@ class Attention(nnx.Module):
         return self.o_proj(out.reshape(b, length, c.num_heads * c.head_dim).astype(x.dtype)), cache
 
 
+@jax.custom_vjp
+def swiglu_mlp(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+    """(silu(x W_gate) * x W_up) W_down over the last axis of x; backward pass written by hand."""
+    return (jax.nn.silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+def _swiglu_mlp_forward(x, w_gate, w_up, w_down):
+    gate, up = x @ w_gate, x @ w_up
+    return (jax.nn.silu(gate) * up) @ w_down, (x, gate, up, w_gate, w_up, w_down)
+
+
+def _weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
+    """sum over tokens of inputs^T grad, [d_in, d_out], computed as (grad^T inputs)^T.
+
+    XLA:CPU wants the right operand of a weight-gradient matmul transposed. Written the autodiff way
+    (inputs^T grad) that operand is `grad`, which XLA then computes column-wise inside the elementwise
+    fusion that produces it (the largest single cost of the backward pass); this way it is `inputs`, a
+    plain copy. The barrier stops XLA from swapping the operands back.
+    """
+    tokens = lambda a: a.reshape(-1, a.shape[-1])
+    return jax.lax.optimization_barrier(tokens(grad).T @ tokens(inputs)).T
+
+
+def _swiglu_mlp_backward(residuals, grad):
+    x, gate, up, w_gate, w_up, w_down = residuals
+    s = jax.nn.sigmoid(gate)
+    act = gate * s
+    d_hidden = grad @ w_down.T
+    d_gate = d_hidden * up * s * (1 + gate * (1 - s))
+    d_up = d_hidden * act
+    d_x = d_gate @ w_gate.T + d_up @ w_up.T
+    return d_x, _weight_grad(x, d_gate), _weight_grad(x, d_up), _weight_grad(act * up, grad)
+
+
+swiglu_mlp.defvjp(_swiglu_mlp_forward, _swiglu_mlp_backward)
+
+
 class MLP(nnx.Module):
     def __init__(self, config: ModelConfig, dtype, param_dtype, rngs: nnx.Rngs):
         d, f = config.hidden_size, config.intermediate_size
@@ -142,7 +179,8 @@ class MLP(nnx.Module):
         self.down_proj = _linear(f, d, False, dtype, param_dtype, rngs)
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        projections = (self.gate_proj, self.up_proj, self.down_proj)
+        return swiglu_mlp(x, *(p.kernel[...].astype(x.dtype) for p in projections))
 
 
 class Block(nnx.Module):
