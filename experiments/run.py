@@ -66,7 +66,6 @@ def main(argv: list[str]) -> None:
     print(f"done: {run_dir.path}")
 
 
-
 def _unknown_override(argv: list[str]) -> str | None:
     """The first --config.KEY=VALUE in argv whose KEY the config file does not define, if any."""
     spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)

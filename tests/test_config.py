@@ -14,8 +14,8 @@ from scope_jax.training.run_dir import RunDir, RunDirError
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-SCHEMA = {"experiment": "x", "seed": 0, "lr": 1e-3, "name": "a", "flag": False, "sizes": (1, 2), "maybe": None,
-          "train": {"steps": 3, "inner": {"beta": 0.5}}}
+SCHEMA = {"experiment": "x", "seed": 0, "lr": 1e-3, "name": "a", "flag": False, "sizes": (1, 2),
+          "maybe": None, "train": {"steps": 3, "inner": {"beta": 0.5}}}
 
 
 def schema():
@@ -29,7 +29,8 @@ def edited(**changes):
 
 @pytest.mark.parametrize("config,message", [
     (edited(train={"stpes": 4}), "unknown config key 'train.stpes'"),
-    (edited(train={"steps": 3, "inner": {"beta": 0.5, "gamma": 1.0}}), "unknown config key 'train.inner.gamma'"),
+    (edited(train={"steps": 3, "inner": {"beta": 0.5, "gamma": 1.0}}),
+     "unknown config key 'train.inner.gamma'"),
     (edited(lr="fast"), "config key 'lr' must be of type float, got str 'fast'"),
     (edited(seed=1.5), "config key 'seed' must be of type int"),
     (edited(flag=1), "config key 'flag' must be of type bool"),
@@ -69,7 +70,8 @@ def run(*args):
                                               "convert string to float: 'fast'"),
 ])
 def test_runner_stops_with_one_line_naming_the_key(tmp_path, override, expected):
-    code, lines = run("--config=experiments/configs/target_word.py", f"--workdir={tmp_path / 'run'}", override)
+    code, lines = run("--config=experiments/configs/target_word.py", f"--workdir={tmp_path / 'run'}",
+                      override)
     assert code != 0
     assert lines[-1].startswith(expected), lines
     assert not (tmp_path / "run").exists()

@@ -33,8 +33,9 @@ def default_config() -> ml_collections.ConfigDict:
 def settings(config: ml_collections.ConfigDict) -> experiment.Settings:
     pre = config.pretrain.to_dict()
     pre["heldout_priors"] = tuple(tuple(float(x) for x in p) for p in pre["heldout_priors"])
-    return experiment.Settings(seeds=tuple(config.seeds), arms=tuple(config.arms), pretrain=PretrainConfig(**pre),
-                               rl=RLConfig(**config.rl.to_dict()), heldout_seeds=tuple(config.heldout_seeds))
+    return experiment.Settings(seeds=tuple(config.seeds), arms=tuple(config.arms),
+                               pretrain=PretrainConfig(**pre), rl=RLConfig(**config.rl.to_dict()),
+                               heldout_seeds=tuple(config.heldout_seeds))
 
 
 def check(config: ml_collections.ConfigDict) -> None:
@@ -47,7 +48,8 @@ def check(config: ml_collections.ConfigDict) -> None:
     if config.rl.groups % members:
         raise ConfigError(f"config key 'rl.groups' must be a multiple of the largest population ({members})")
     if len(config.heldout_seeds) != len(config.pretrain.heldout_priors):
-        raise ConfigError("config keys 'heldout_seeds' and 'pretrain.heldout_priors' must have the same length")
+        raise ConfigError("config keys 'heldout_seeds' and 'pretrain.heldout_priors' "
+                          "must have the same length")
     if len(config.seeds) < 2:
         raise ConfigError("config key 'seeds' needs at least 2 seeds for confidence intervals")
 

@@ -79,7 +79,8 @@ REPLY_ACTS = tuple(range(USER0, USER0 + N_USER))  # the simulator's legal tokens
 
 SEQ_LEN = 2 * TURNS + 2
 PROMPT_LEN = 2 * TURNS + 2  # longest VS prompt: card greeting (a u)^(TURNS-1) a_TURNS <vs>
-STATE_TOKENS = np.where(personas.STATE_TOKENS == personas.PAD, PAD, personas.STATE_TOKENS + 1).astype(np.int32)
+STATE_TOKENS = np.where(personas.STATE_TOKENS == personas.PAD, PAD,
+                        personas.STATE_TOKENS + 1).astype(np.int32)
 STATE_LAST = (personas.STATE_LENGTH - 1).astype(np.int32)  # position of each state's last token
 
 
@@ -275,7 +276,8 @@ def agent_policy_table(graphdef: nnx.GraphDef, params: Params) -> jax.Array:
 def _state_prefix_cache(graphdef: nnx.GraphDef, params: Params, card: jax.Array, extra: int):
     """The model over (card, state tokens) for every decision state, with a KV cache of `extra` free slots."""
     model = nnx.merge(graphdef, params)
-    prefix = jnp.concatenate([jnp.full((personas.N_STATES, 1), card, jnp.int32), jnp.asarray(STATE_TOKENS)], 1)
+    prefix = jnp.concatenate([jnp.full((personas.N_STATES, 1), card, jnp.int32),
+                              jnp.asarray(STATE_TOKENS)], 1)
     cache = KVCache.zeros(model.config, personas.N_STATES, prefix.shape[1] + extra)
     _, cache = model.hidden(prefix, positions_like(prefix), cache)
     return model, cache
@@ -298,13 +300,15 @@ def sim_reply_table(graphdef: nnx.GraphDef, params: Params, card: jax.Array) -> 
 
 
 def verbalized_table(graphdef: nnx.GraphDef, params: Params, card: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The greedy verbalization at every (state, strategy), parsed: (q [N_STATES, S, U], malformed [N_STATES, S]).
+    ("""The greedy verbalization at every (state, strategy), parsed: """
+     """(q [N_STATES, S, U], malformed [N_STATES, S]).
 
     Malformed entries fall back to the direct reply distribution, as in a rollout.
-    """
-    prefix = jnp.concatenate([jnp.full((personas.N_STATES, 1), card, jnp.int32), jnp.asarray(STATE_TOKENS)], 1)
-    prompts = jnp.broadcast_to(jnp.pad(prefix, ((0, 0), (0, 2)))[:, None], (personas.N_STATES, N_STRATEGIES,
-                                                                          PROMPT_LEN)).reshape(-1, PROMPT_LEN)
+    """)
+    prefix = jnp.concatenate([jnp.full((personas.N_STATES, 1), card, jnp.int32),
+                              jnp.asarray(STATE_TOKENS)], 1)
+    prompts = jnp.broadcast_to(jnp.pad(prefix, ((0, 0), (0, 2)))[:, None],
+                               (personas.N_STATES, N_STRATEGIES, PROMPT_LEN)).reshape(-1, PROMPT_LEN)
     rows = jnp.arange(prompts.shape[0])
     where = jnp.repeat(jnp.asarray(STATE_LAST + 2), N_STRATEGIES)
     prompts = prompts.at[rows, where].set(AGENT0 + jnp.tile(jnp.arange(N_STRATEGIES), personas.N_STATES))

@@ -48,7 +48,8 @@ class ModelConfig:
         if self.model_type not in SUPPORTED:
             raise ValueError(f"model_type {self.model_type!r} is not supported (supported: {SUPPORTED})")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
         if self.rope_scaling is not None and dict(self.rope_scaling).get("rope_type") != "llama3":
             raise ValueError(f"rope_scaling {dict(self.rope_scaling)} is not supported (only 'llama3')")
 
@@ -119,7 +120,8 @@ class ModelConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": self.max_position_embeddings,
             "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
+            "eos_token_id": (list(self.eos_token_id) if isinstance(self.eos_token_id, tuple)
+                             else self.eos_token_id),
         }
         if self.model_type != "qwen2":  # Qwen2 always has q/k/v biases; Llama and Qwen3 read the flag
             hf["attention_bias"] = self.attention_bias

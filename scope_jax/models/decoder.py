@@ -187,7 +187,8 @@ class Block(nnx.Module):
     def __init__(self, config: ModelConfig, dtype, param_dtype, rngs: nnx.Rngs):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype=param_dtype)
         self.self_attn = Attention(config, dtype, param_dtype, rngs)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype=param_dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps,
+                                                param_dtype=param_dtype)
         self.mlp = MLP(config, dtype, param_dtype, rngs)
 
     def __call__(self, x, positions, inv_freq, cache):

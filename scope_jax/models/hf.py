@@ -176,7 +176,7 @@ def load_hf_folder(folder: str | os.PathLike, *, dtype=jnp.float32, mesh: Mesh |
                                               remat=remat)
     if not any((folder / name).exists() for name in TOKENIZER_FILES):
         return config, (graphdef, params), None
-    from scope_jax.models.tokenizer import load_tokenizer  # transformers (and torch, if installed) load slowly
+    from scope_jax.models.tokenizer import load_tokenizer  # transformers (and torch) load slowly
 
     return config, (graphdef, params), load_tokenizer(str(folder))
 

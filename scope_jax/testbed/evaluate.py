@@ -52,12 +52,14 @@ def variance_split(policy: np.ndarray, sim: np.ndarray) -> VarianceSplit:
     q = np.empty((personas.N_STATES, personas.N_AGENT))
     q[:, personas.ASK] = personas.reward(personas.STATE_SCORE)
     last = personas.STATE_SCORE[LEVELS[-1], None, None] + personas.SCORE_WEIGHTS
-    continuation = personas.reward(np.broadcast_to(last, (last.shape[0], personas.N_STRATEGIES, personas.N_USER)))
+    continuation = personas.reward(np.broadcast_to(last, (last.shape[0], personas.N_STRATEGIES,
+                                                          personas.N_USER)))
     agent_side = simulator_side = 0.0
     for t in reversed(range(personas.TURNS)):
         lvl = LEVELS[t]
         q[lvl, :personas.N_STRATEGIES] = np.einsum("isu,isu->is", sim[lvl], continuation)
-        reply_var = np.einsum("isu,isu->is", sim[lvl], (continuation - q[lvl, :personas.N_STRATEGIES, None]) ** 2)
+        reply_var = np.einsum("isu,isu->is", sim[lvl],
+                              (continuation - q[lvl, :personas.N_STRATEGIES, None]) ** 2)
         simulator_side += np.sum(reach[lvl, None] * policy[lvl, :personas.N_STRATEGIES] * reply_var)
         values = np.sum(policy[lvl] * q[lvl], -1)
         agent_side += np.sum(reach[lvl] * np.sum(policy[lvl] * (q[lvl] - values[:, None]) ** 2, -1))
@@ -117,12 +119,14 @@ def reference_values(population: np.ndarray) -> dict[str, dict[str, float]]:
         "untrained (P4G frequencies)": personas.p4g_policy(),
         "best fixed sequence": personas.open_loop_policy(fixed_seq),
         "best adaptive": adaptive,
-        "best response to the collapsed simulator": personas.best_response(personas.collapsed_simulator()).policy,
+        "best response to the collapsed simulator":
+            personas.best_response(personas.collapsed_simulator()).policy,
     }
     out = {}
     for name, policy in policies.items():
         value = personas.policy_value(policy, population)
-        out[name] = {"value": value, "donation": 2 * value, "success": success_probability(policy, population)}
+        out[name] = {"value": value, "donation": 2 * value,
+                     "success": success_probability(policy, population)}
     known = [personas.best_response(personas.persona_simulator(p)) for p in range(len(personas.PERSONAS))]
     value = float(sum(w * k.value for w, k in zip(personas.PRIOR, known)))
     success = float(sum(w * success_probability(k.policy, personas.persona_simulator(p))

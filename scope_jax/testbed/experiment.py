@@ -41,7 +41,8 @@ class Settings:
 
 @dataclasses.dataclass
 class ArmResult:
-    """Per-step curves [R, steps] (step t = 1..steps) and exact evaluations [R, E + 1] (steps 0, k, 2k, ...)."""
+    ("""Per-step curves [R, steps] (step t = 1..steps) and exact evaluations [R, E + 1] """
+     """(steps 0, k, 2k, ...).""")
 
     label: str
     step_curves: dict[str, np.ndarray]
@@ -118,7 +119,8 @@ def _on_policy_weights(policy: np.ndarray, sim: np.ndarray) -> np.ndarray:
 
 
 def pretraining_diagnostics(agent: np.ndarray, base: np.ndarray, cards: np.ndarray, collapsed: np.ndarray,
-                            verbalized: np.ndarray, malformed: np.ndarray, heldout: np.ndarray, population: np.ndarray,
+                            verbalized: np.ndarray, malformed: np.ndarray, heldout: np.ndarray,
+                            population: np.ndarray,
                             heldout_priors: Sequence[Sequence[float]]) -> dict[str, Any]:
     """Per seed r: agent [R] policies, base [R] / cards [R, 4] / collapsed [R] / verbalized [R] tables.
 
@@ -137,12 +139,14 @@ def pretraining_diagnostics(agent: np.ndarray, base: np.ndarray, cards: np.ndarr
         out["agent_first_turn_tv_to_p4g"].append(0.5 * float(np.abs(pi[0] - p4g).sum()))
         out["agent_value"].append(personas.policy_value(pi, population))
         out["base_tv"].append(_tv(base[r], population, w))
-        out["card_tv"].append([_tv(cards[r, p], personas.persona_simulator(p), w) for p in range(cards.shape[1])])
+        out["card_tv"].append([_tv(cards[r, p], personas.persona_simulator(p), w)
+                               for p in range(cards.shape[1])])
         out["collapsed_tv_to_tabular"].append(_tv(collapsed[r], personas.collapsed_simulator(), w))
         out["verbalized_tv"].append(_tv(verbalized[r], population, w))
         out["verbalized_malformed"].append(float(malformed[r].mean()))
         # Fidelity ceilings: the population value of the best response to each training simulator.
-        for key, table in (("base_best_response_value", base[r]), ("verbalized_best_response_value", verbalized[r])):
+        for key, table in (("base_best_response_value", base[r]),
+                           ("verbalized_best_response_value", verbalized[r])):
             out[key].append(personas.policy_value(personas.best_response(table).policy, population))
         for key, table in (("base_deviation", base[r]), ("collapsed_deviation", collapsed[r]),
                            ("verbalized_deviation", verbalized[r]),
@@ -252,9 +256,9 @@ def run(settings: Settings, cache_dir, log: Logger, progress: Callable[[str], No
     tab = Tabulator(graphdef)
     t0 = time.perf_counter()
     tables = tabulate(tab, pre)
-    diag = pretraining_diagnostics(tables.agent, tables.base, tables.cards, tables.collapsed[:, 0], tables.verbalized,
-                                   tables.malformed, tables.heldout, personas.base_simulator(),
-                                   settings.pretrain.heldout_priors)
+    diag = pretraining_diagnostics(tables.agent, tables.base, tables.cards, tables.collapsed[:, 0],
+                                   tables.verbalized, tables.malformed, tables.heldout,
+                                   personas.base_simulator(), settings.pretrain.heldout_priors)
     diag["sft_losses"] = {k: np.asarray(v).tolist() for k, v in pre.losses.items()}
     seconds["tabulate"] = time.perf_counter() - t0
 

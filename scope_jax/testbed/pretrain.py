@@ -112,7 +112,8 @@ def agent_view(d: Dialogues) -> np.ndarray:
     """[n, SEQ_LEN]: greeting a1 u1 .. aT uT ASK."""
     pairs = np.stack([lm.AGENT0 + d.strategies, lm.USER0 + d.replies], -1).reshape(len(d.strategies), -1)
     n = len(pairs)
-    return np.concatenate([np.full((n, 1), lm.GREETING), pairs, np.full((n, 1), lm.ASK_TOKEN)], 1).astype(np.int32)
+    return np.concatenate([np.full((n, 1), lm.GREETING), pairs, np.full((n, 1), lm.ASK_TOKEN)],
+                          1).astype(np.int32)
 
 
 def sim_view(d: Dialogues, cards: np.ndarray) -> np.ndarray:
@@ -201,16 +202,19 @@ class SFT:
         self.step = jax.jit(step, donate_argnums=(0, 1))
 
     def __call__(self, params: Params, datasets: tuple[Dataset, ...]) -> tuple[Params, float]:
-        """Train on datasets (tokens [S, B, L], mask [S, B, L]), one batch of each per step; (params, last loss)."""
+        ("""Train on datasets (tokens [S, B, L], mask [S, B, L]), one batch of each per step; """
+         """(params, last loss).""")
         steps = len(datasets[0][0])
         opt_state = self.adam.init(params)
         loss = jnp.nan
         for i in range(steps):
             lr = self.learning_rate * 0.5 * (1.0 + np.cos(np.pi * i / steps))
-            params, opt_state, loss = self.step(params, opt_state, tuple((t[i], m[i]) for t, m in datasets), lr)
+            params, opt_state, loss = self.step(params, opt_state,
+                                                tuple((t[i], m[i]) for t, m in datasets), lr)
         return params, float(loss)
 
-    def many(self, inits: Sequence[Params], datasets: Sequence[tuple[Dataset, ...]]) -> tuple[Params, np.ndarray]:
+    def many(self, inits: Sequence[Params],
+             datasets: Sequence[tuple[Dataset, ...]]) -> tuple[Params, np.ndarray]:
         """Train each model on its datasets; (params stacked on axis 0, last losses)."""
         trained = [self(p, d) for p, d in zip(inits, datasets)]
         return stack_population([p for p, _ in trained]), np.array([loss for _, loss in trained])
@@ -242,7 +246,8 @@ def simulator_data(config: PretrainConfig, seed: Sequence[int], prior: Sequence[
     persona = rng.choice(len(personas.PERSONAS), n, p=prior)
     d = sample_dialogues(rng, n, UNIFORM, PERSONA_TABLES, persona)
     cards = np.where(rng.random(n) < config.card_prob, lm.CARD0 + persona, lm.NO_CARD)
-    return ((_batches(sim_view(d, cards), steps), _batches(reply_targets(d, PERSONA_TABLES, persona), steps)),)
+    return ((_batches(sim_view(d, cards), steps),
+             _batches(reply_targets(d, PERSONA_TABLES, persona), steps)),)
 
 
 def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Sequence[int],
@@ -257,7 +262,8 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
     for seed in seeds:
         rng = np.random.default_rng([seed, 0])
         n = config.agent_steps * B
-        d = sample_dialogues(rng, n, p4g, PERSONA_TABLES, rng.choice(len(personas.PERSONAS), n, p=personas.PRIOR))
+        d = sample_dialogues(rng, n, p4g, PERSONA_TABLES,
+                             rng.choice(len(personas.PERSONAS), n, p=personas.PRIOR))
         agent_data.append(((_batches(agent_view(d), config.agent_steps),
                             _batches(position_mask(n, lm.SEQ_LEN, AGENT_POSITIONS), config.agent_steps)),))
     agent, agent_losses = sft.many([init_model(config, 1000 * s) for s in seeds], agent_data)
@@ -273,7 +279,8 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
     # Alignment-like step: self-distilled, agreeable, low-temperature persona replies become the no-card
     # replies, and the model learns to answer the VS request with its pretraining population's predictive.
     tabulate = jax.jit(lm.sim_reply_table, static_argnums=0)
-    card_tables = [[np.asarray(tabulate(graphdef, jax.tree.map(lambda x: x[r], base), lm.card_token(p)), np.float64)
+    card_tables = [[np.asarray(tabulate(graphdef, jax.tree.map(lambda x: x[r], base), lm.card_token(p)),
+                               np.float64)
                     for p in collapse_personas] for r in range(R)]
     collapse_data = []
     steps, n, n_vs = config.collapse_steps, config.collapse_steps * B, config.collapse_steps * config.vs_batch

@@ -27,18 +27,22 @@ COLORS = {"untrained": "0.5", "frozen": "tab:red", "verbalized": "tab:blue", "co
           "population": "tab:purple", "rotation": "tab:orange", "cotrain_collapsed": "tab:olive"}
 STEP_METRICS = {
     "reward": "training reward", "agent_entropy": "agent token entropy (train step, nats)",
-    "zero_variance_groups": "zero-variance groups", "sampled_deviation": "simulator deviation (sampled turns)",
+    "zero_variance_groups": "zero-variance groups",
+    "sampled_deviation": "simulator deviation (sampled turns)",
     "early_ask": "early donation requests", "vs_malformed": "malformed verbalizations",
     "vs_repaired": "repaired verbalizations", "sim_kl": "simulator KL to reference",
 }
 EVAL_METRICS = {
-    "heldout_value": "held-out value (population, exact)", "heldout_success": "held-out success P(donation >= $1)",
-    "heldout_donation": "held-out donation ($)", "heldout_sims_value": "held-out transformer simulators: value",
+    "heldout_value": "held-out value (population, exact)",
+    "heldout_success": "held-out success P(donation >= $1)",
+    "heldout_donation": "held-out donation ($)",
+    "heldout_sims_value": "held-out transformer simulators: value",
     "train_value": "value on the training simulators (exact)",
     "sim_deviation": "simulator deviation (exact, on-policy)",
     "sim_variance_share": "simulator-side share of reward variance",
     "sim_side_variance": "simulator-side reward variance E[Var(r | h)] (Lemma 3.3)",
-    "reward_variance": "reward variance on the training simulators", "entropy_on_sim": "entropy, on-simulator states",
+    "reward_variance": "reward variance on the training simulators",
+    "entropy_on_sim": "entropy, on-simulator states",
     "entropy_off_sim": "entropy, off-simulator states", "first_turn_entropy": "first-turn entropy",
     "first_turn_inquiry": "first-turn P(personal inquiry)",
 }
@@ -69,7 +73,8 @@ def final_values(arm: ArmResult, tail: int) -> dict[str, np.ndarray]:
 def _band(ax, x, curves, color, label, smooth: int = 1):
     if smooth > 1:
         kernel = np.ones(smooth) / smooth
-        curves = np.array([np.convolve(np.pad(c, (smooth - 1, 0), mode="edge"), kernel, "valid") for c in curves])
+        curves = np.array([np.convolve(np.pad(c, (smooth - 1, 0), mode="edge"), kernel, "valid")
+                           for c in curves])
     mean = curves.mean(0)
     n = len(curves)
     hw = stats.t.ppf(0.975, n - 1) * curves.std(0, ddof=1) / math.sqrt(n) if n > 1 else np.zeros_like(mean)
@@ -101,7 +106,8 @@ def main_figure(results: Results):
     steps = results.settings.rl.steps
     smooth = max(1, steps // 40)
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    panels = (("reward", "training reward (simulator)"), ("heldout_success", "held-out success: P(donation ≥ $1)"),
+    panels = (("reward", "training reward (simulator)"),
+              ("heldout_success", "held-out success: P(donation ≥ $1)"),
               ("agent_entropy", "agent token entropy (nats)"))
     for ax, (key, title) in zip(axes, panels):
         for name, arm in results.arms.items():
@@ -186,10 +192,10 @@ def _findings(results: Results, summary: dict[str, Any]) -> list[str]:
             s += f" ({int(per_seed.sum())} of {len(per_seed)} seeds below it)."
         var0, var1 = f.evals["sim_side_variance"][:, 0].mean(), get("frozen", "sim_side_variance")[0]
         s += (f" Exact on-policy entropy on the states its simulator produces fell to "
-              f"{get('frozen', 'entropy_on_sim')[0]:.2f} nats; the simulator-side reward variance (Lemma 3.3) "
-              f"from {var0:.4f} to {var1:.4f}, with {get('frozen', 'step/zero_variance_groups')[0]:.0%} of groups "
-              f"at zero variance at the end (the simulator-side *share* rises because the agent-side part "
-              f"vanishes faster).")
+              f"{get('frozen', 'entropy_on_sim')[0]:.2f} nats; the simulator-side reward variance "
+              f"(Lemma 3.3) from {var0:.4f} to {var1:.4f}, with "
+              f"{get('frozen', 'step/zero_variance_groups')[0]:.0%} of groups at zero variance at the end "
+              f"(the simulator-side *share* rises because the agent-side part vanishes faster).")
         lines.append(s)
     for fix, d in deltas.items():
         dv, hv = d["heldout_value"]["mean"], d["heldout_value"]["ci95"]
@@ -198,9 +204,9 @@ def _findings(results: Results, summary: dict[str, Any]) -> list[str]:
             if not math.isnan(hv) else ("higher" if dv > 0 else "lower")
         ent = get(fix, "step/agent_entropy")[0]
         lines.append(f"**{results.arms[fix].label}** vs single frozen simulator: held-out value "
-                     f"{dv:+.3f} ± {hv:.3f}, success {ds:+.3f} ± {hs:.3f} ({sign} at 95%); final token entropy "
-                     f"{ent:.2f} nats vs {get('frozen', 'step/agent_entropy')[0]:.2f}; simulator-side variance "
-                     f"{get(fix, 'sim_side_variance')[0]:.4f}.")
+                     f"{dv:+.3f} ± {hv:.3f}, success {ds:+.3f} ± {hs:.3f} ({sign} at 95%); "
+                     f"final token entropy {ent:.2f} nats vs {get('frozen', 'step/agent_entropy')[0]:.2f}; "
+                     f"simulator-side variance {get(fix, 'sim_side_variance')[0]:.4f}.")
     return lines
 
 
@@ -223,12 +229,12 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
     lines = [
         "# Simulator collapse testbed", "",
         f"Seeds {list(s.seeds)}; agent and simulators are {pt.num_layers}-layer, d={pt.hidden_size} decoders "
-        f"(the project's decoder); RL: {rl.steps} steps of {rl.episodes} episodes in groups of {rl.group_size}, "
-        f"GRPO, agent lr {rl.learning_rate:g}, simulator lr {rl.sim_learning_rate:g}, simulator KL "
-        f"{rl.sim_kl_coef:g}. Held-out users: the exact population (all values below are exact sums over "
-        f"trajectories) and {len(pre['heldout'])} independently trained transformer simulators. Success = the "
-        f"persuadee gives at least $1 (score ≥ 1); donation = 2 x reward. Mean ± 95% t-interval over seeds. "
-        f"Wall time {results.seconds['total']:.0f} s.", "",
+        f"(the project's decoder); RL: {rl.steps} steps of {rl.episodes} episodes in groups of "
+        f"{rl.group_size}, GRPO, agent lr {rl.learning_rate:g}, simulator lr {rl.sim_learning_rate:g}, "
+        f"simulator KL {rl.sim_kl_coef:g}. Held-out users: the exact population (all values below are exact "
+        f"sums over trajectories) and {len(pre['heldout'])} independently trained transformer simulators. "
+        f"Success = the persuadee gives at least $1 (score ≥ 1); donation = 2 x reward. "
+        f"Mean ± 95% t-interval over seeds. Wall time {results.seconds['total']:.0f} s.", "",
         "![main](figures/main.png)", "",
         "## Exact values on the population", "",
         "| policy | value | donation | success |", "|---|---|---|---|",
@@ -241,7 +247,8 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
               f"| deviation: base simulator, direct | {mean_sd(pre['base_deviation'])} |",
               f"| deviation: collapsed simulator, direct | {mean_sd(pre['collapsed_deviation'])} |",
               f"| deviation: collapsed simulator, verbalized | {mean_sd(pre['verbalized_deviation'])} |",
-              f"| deviation: tabular collapsed simulator (reference) | {mean_sd(pre['tabular_collapsed_deviation'])} |",
+              f"| deviation: tabular collapsed simulator (reference) | "
+              f"{mean_sd(pre['tabular_collapsed_deviation'])} |",
               f"| TV base (no card) vs population | {mean_sd(pre['base_tv'])} |",
               f"| TV base with persona card vs persona (mean of 4) | {mean_sd(np.mean(pre['card_tv'], 1))} |",
               f"| TV verbalized (collapsed model) vs population | {mean_sd(pre['verbalized_tv'])} |",
@@ -251,7 +258,8 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
               f"{mean_sd(pre['base_best_response_value'])} |",
               f"| population value of the best response to the verbalized simulator | "
               f"{mean_sd(pre['verbalized_best_response_value'])} |",
-              f"| pretrained agent: first-turn TV to P4G frequencies | {mean_sd(pre['agent_first_turn_tv_to_p4g'])} |"]
+              f"| pretrained agent: first-turn TV to P4G frequencies | "
+              f"{mean_sd(pre['agent_first_turn_tv_to_p4g'])} |"]
     lines += [f"| held-out simulator {h} (prior {np.round(x['prior'], 2).tolist()}): TV to its population, "
               f"deviation | {x['tv_to_own_population']:.3f}, {x['deviation']:.3f} |"
               for h, x in enumerate(pre["heldout"])]
@@ -268,11 +276,11 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
         cells = [fmt((arm[present(k)]["mean"], arm[present(k)]["ci95"])) if present(k) in arm else "-"
                  for k, _ in cols]
         lines.append(f"| {summary['labels'][name]} | " + " | ".join(cells) + " |")
-    lines += ["", "Train reward: mean over the last evaluation interval of steps (untrained: its exact value on the "
-              "collapsed simulator). Held-out and simulator columns: the last exact evaluation. Token entropy: the "
-              "train step's mean entropy of the agent's act distribution at its sampled decisions; off-sim "
-              "entropy: exact, over the states the population reaches more often than the training simulators "
-              "(evaluate.py).", ""]
+    lines += ["", "Train reward: mean over the last evaluation interval of steps (untrained: its exact value "
+              "on the collapsed simulator). Held-out and simulator columns: the last exact evaluation. "
+              "Token entropy: the train step's mean entropy of the agent's act distribution at its sampled "
+              "decisions; off-sim entropy: exact, over the states the population reaches more often than the "
+              "training simulators (evaluate.py).", ""]
     if summary["deltas_over_frozen"]:
         lines += ["## Fixes over the single frozen simulator (paired by seed)", "",
                   "| fix | Δ held-out value | Δ success | Δ donation $ | Δ held-out sims value "
@@ -280,17 +288,19 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
                   "|---|---|---|---|---|---|"]
         for fix, d in summary["deltas_over_frozen"].items():
             cells = [fmt((d[k]["mean"], d[k]["ci95"])) for k in
-                     ("heldout_value", "heldout_success", "heldout_donation", "heldout_sims_value", "entropy_off_sim")]
+                     ("heldout_value", "heldout_success", "heldout_donation", "heldout_sims_value",
+                      "entropy_off_sim")]
             lines.append(f"| {summary['labels'][fix]} | " + " | ".join(cells) + " |")
     lines += ["", "## What appeared", ""] + [f"- {x}" for x in _findings(results, summary)]
     best = max(arms[a]["heldout_value"]["mean"] for a in arms)
     ceiling = summary["references"]["best adaptive"]["value"]
-    lines.append(f"- No arm comes near the adaptive ceiling ({ceiling:.3f}); the best ends at {best:.3f}. Part of "
-                 f"the gap is simulator fidelity: the best response to the base transformer simulator is worth "
-                 f"{np.mean(pre['base_best_response_value']):.3f} on the population (seeds "
-                 f"{', '.join(f'{x:.3f}' for x in pre['base_best_response_value'])}), to the verbalized one "
-                 f"{np.mean(pre['verbalized_best_response_value']):.3f} (their replies after the persona-revealing "
-                 f"inquiry are the least accurate); the rest is the short RL budget.")
+    lines.append(f"- No arm comes near the adaptive ceiling ({ceiling:.3f}); the best ends at {best:.3f}. "
+                 f"Part of the gap is simulator fidelity: the best response to the base transformer "
+                 f"simulator is worth {np.mean(pre['base_best_response_value']):.3f} on the population "
+                 f"(seeds {', '.join(f'{x:.3f}' for x in pre['base_best_response_value'])}), "
+                 f"to the verbalized one {np.mean(pre['verbalized_best_response_value']):.3f} "
+                 f"(their replies after the persona-revealing inquiry are the least accurate); "
+                 f"the rest is the short RL budget.")
     missing = [arms_lib.ARMS[a].label for a in arms_lib.ARMS if a not in results.arms]
     if missing:
         lines.append(f"- Not run in this configuration: {', '.join(missing)}.")

@@ -158,13 +158,15 @@ class Checkpointer:
         if not isinstance(meta, dict) or not {"fingerprint", "leaves"} <= meta.keys():
             raise self._corrupt(step, "its meta item lacks the fingerprint or leaf records")
         if meta["fingerprint"] != self.fingerprint:
-            raise CheckpointError(f"checkpoint at step {step} in {self.directory} was written by another config "
-                                  f"(fingerprint {meta['fingerprint']} != {self.fingerprint}); "
-                                  "use a new --workdir or --overwrite")
+            raise CheckpointError(f"checkpoint at step {step} in {self.directory} was written by "
+                                  f"another config (fingerprint {meta['fingerprint']} != {self.fingerprint});"
+                                  " use a new --workdir or --overwrite")
         self._check_tree(step, meta["leaves"], abstract_state)
-        restored = self._read(step, state=ocp.args.StandardRestore(abstract_state), host=ocp.args.JsonRestore())
+        restored = self._read(step, state=ocp.args.StandardRestore(abstract_state),
+                              host=ocp.args.JsonRestore())
         records = _leaf_records(restored.state)
-        damaged = [path for path, record in records.items() if record["checksum"] != meta["leaves"][path]["checksum"]]
+        damaged = [path for path, record in records.items()
+                   if record["checksum"] != meta["leaves"][path]["checksum"]]
         if damaged:
             more = f" and {len(damaged) - 1} more leaves" if len(damaged) > 1 else ""
             raise self._corrupt(step, f"checksum mismatch in {damaged[0]}{more}")
@@ -186,14 +188,16 @@ class Checkpointer:
 
     def _check_tree(self, step: int, saved: dict[str, dict[str, Any]], abstract_state: JointState) -> None:
         """Refuse a checkpoint whose leaves (paths, shapes, dtypes) differ from `abstract_state`'s."""
-        target = {path_string(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state)}
+        target = {path_string(path): leaf
+                  for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state)}
         problems = [f"it lacks {path}" for path in target if path not in saved]
         problems += [f"it has {path}, the state does not" for path in saved if path not in target]
         for path in target.keys() & saved.keys():
             want = (list(target[path].shape), str(target[path].dtype))
             have = (saved[path]["shape"], saved[path]["dtype"])
             if have != want:
-                problems.append(f"{path} is {have[1]}{tuple(have[0])}, the state wants {want[1]}{tuple(want[0])}")
+                problems.append(f"{path} is {have[1]}{tuple(have[0])}, "
+                                f"the state wants {want[1]}{tuple(want[0])}")
         if problems:
             more = f" (and {len(problems) - 1} more differences)" if len(problems) > 1 else ""
             raise CheckpointError(f"checkpoint at step {step} in {self.directory} does not match the state: "

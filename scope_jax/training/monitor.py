@@ -55,8 +55,10 @@ def agent_replies(episode: Episode) -> tuple[int, ...]:
 
 
 def sampled_entropy(episodes: list[Episode], role: str) -> float:
-    logprobs = [lp for e in episodes for m in e.messages if m.role == role and m.logprobs for lp in m.logprobs]
-    return diagnostics.sampled_entropy(np.asarray(logprobs), np.ones(len(logprobs))) if logprobs else float("nan")
+    logprobs = [lp for e in episodes for m in e.messages if m.role == role and m.logprobs
+                for lp in m.logprobs]
+    return (diagnostics.sampled_entropy(np.asarray(logprobs), np.ones(len(logprobs))) if logprobs
+            else float("nan"))
 
 
 def step_metrics(episodes: list[Episode], distinct_n: int = 2) -> dict[str, float]:
@@ -88,9 +90,10 @@ class Monitor:
     def __init__(self, env: Environment, config, initial_agent: Player, seed: int):
         self.env, self.config = env, config
         rng = np.random.default_rng([seed, 7])
-        self.probes = self._to_fork_point([Episode(s, group=i) for i, s in
-                                           enumerate(env.sample_scenarios(config.probe_contexts, rng, "eval"))],
-                                          initial_agent, jax.random.key(seed))
+        self.probes = self._to_fork_point(
+            [Episode(s, group=i)
+             for i, s in enumerate(env.sample_scenarios(config.probe_contexts, rng, "eval"))],
+            initial_agent, jax.random.key(seed))
 
     def _to_fork_point(self, episodes: list[Episode], agent: Player, key: jax.Array) -> list[Episode]:
         """Play new episodes up to (not including) their first simulator turn."""
@@ -104,7 +107,8 @@ class Monitor:
         prompts = [role_view(sim.tokenizer, self.env.system_prompt(e.scenario, SIM), e.messages, SIM,
                              add_generation_prompt=True).ids for e in self.probes if not e.done]
         greedy = sample_replies(sim, prompts, probe_key, dataclasses.replace(sim.sampling, temperature=0.0))
-        resampled = sample_replies(sim, [p for p in prompts for _ in range(k)], jax.random.fold_in(probe_key, 1))
+        resampled = sample_replies(sim, [p for p in prompts for _ in range(k)],
+                                   jax.random.fold_in(probe_key, 1))
         deviation = diagnostics.simulator_deviation([g.ids for g in greedy],
                                                     [[s.ids for s in resampled[i * k:(i + 1) * k]]
                                                      for i in range(len(prompts))])
@@ -112,10 +116,12 @@ class Monitor:
         rng = np.random.default_rng(np.asarray(jax.random.key_data(fork_key)).ravel().tolist())
         cfg = self.config
         scenarios = self.env.sample_scenarios(cfg.fork_contexts, rng, "train")
-        forks = self._to_fork_point([Episode(s, group=i) for i, s in enumerate(scenarios) for _ in range(cfg.forks)],
+        forks = self._to_fork_point([Episode(s, group=i) for i, s in enumerate(scenarios)
+                                     for _ in range(cfg.forks)],
                                     players.agent, fork_key)
         branches = [copy.deepcopy(e) for e in forks for _ in range(cfg.branches)]
-        play(self.env, branches, players.agent, players.sim_turn, branch_key, first_turn=first_sim_turn(self.env))
+        play(self.env, branches, players.agent, players.sim_turn, branch_key,
+             first_turn=first_sim_turn(self.env))
         returns = np.asarray([e.rewards["agent"] for e in branches]).reshape(cfg.fork_contexts, cfg.forks,
                                                                              cfg.branches)
         splits = [diagnostics.branching_variance_split(r) for r in returns]

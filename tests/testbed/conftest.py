@@ -5,7 +5,8 @@ import pytest
 from scope_jax.envs import personas
 from scope_jax.testbed.pretrain import PretrainConfig, pretrain
 
-QUICK = PretrainConfig(agent_steps=40, sim_steps=120, collapse_steps=40, heldout_priors=((0.25, 0.25, 0.25, 0.25),))
+QUICK = PretrainConfig(agent_steps=40, sim_steps=120, collapse_steps=40,
+                       heldout_priors=((0.25, 0.25, 0.25, 0.25),))
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,8 @@ def test_quick_run_writes_every_output(tmp_path):
     summary = json.loads((workdir / "summary.json").read_text())
     assert sorted(summary["arms"]) == sorted(ARMS)
     for arm in ARMS:
-        for key in ("heldout_value", "heldout_success", "heldout_donation", "sim_deviation", "sim_variance_share"):
+        for key in ("heldout_value", "heldout_success", "heldout_donation", "sim_deviation",
+                    "sim_variance_share"):
             assert len(summary["arms"][arm][key]["seeds"]) == 2, (arm, key)
     assert sorted(summary["deltas_over_frozen"]) == ["cotrain", "verbalized"]
     assert abs(summary["references"]["best adaptive"]["value"] - 0.6503) < 1e-4

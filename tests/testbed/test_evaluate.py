@@ -15,7 +15,8 @@ def _random_policy(seed: int) -> np.ndarray:
 
 
 def test_success_and_variance_split_match_the_enumerated_episodes():
-    for policy, sim in ((personas.p4g_policy(), POPULATION), (_random_policy(0), personas.collapsed_simulator())):
+    for policy, sim in ((personas.p4g_policy(), POPULATION),
+                        (_random_policy(0), personas.collapsed_simulator())):
         ep = personas.episodes(policy, sim)
         assert np.isclose(evaluate.success_probability(policy, sim), ep.probs[ep.rewards >= 0.5].sum())
         split = evaluate.variance_split(policy, sim)
@@ -33,7 +34,8 @@ def test_a_deterministic_simulator_has_no_simulator_side_variance():
 
 
 def test_exact_metrics_of_the_p4g_agent():
-    metrics = evaluate.exact_metrics(personas.p4g_policy(), [personas.collapsed_simulator()], POPULATION, [POPULATION])
+    metrics = evaluate.exact_metrics(personas.p4g_policy(), [personas.collapsed_simulator()], POPULATION,
+                                     [POPULATION])
     assert np.isclose(metrics["heldout_value"], 0.3183, atol=1e-4)
     assert metrics["heldout_sims_value"] == metrics["heldout_value"]
     assert np.isclose(metrics["sim_deviation"], 0.4025, atol=1e-4)

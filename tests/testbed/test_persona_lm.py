@@ -26,7 +26,8 @@ def test_vocabulary_shifts_the_games_tokens():
     assert lm.TOKEN_NAMES[lm.ASK_TOKEN] == personas.AGENT_ACTS[personas.ASK]
     assert lm.TOKEN_NAMES[lm.USER0 + personas.SHARE_PERSONAL] == "share_personal"
     assert lm.TOKEN_NAMES[lm.NO_CARD] == "card:none" and lm.TOKEN_NAMES[-1] == "p=1.0"
-    i = personas.state_index(((personas.EMOTION, personas.NEGATIVE), (personas.PERSONAL_INQUIRY, personas.ASK_INFO)))
+    i = personas.state_index(((personas.EMOTION, personas.NEGATIVE),
+                              (personas.PERSONAL_INQUIRY, personas.ASK_INFO)))
     expected = np.array(personas.history_tokens(personas.STATE_HISTORIES[i])) + 1
     np.testing.assert_array_equal(lm.STATE_TOKENS[i], expected)
     assert lm.STATE_TOKENS[0].tolist() == [lm.GREETING, lm.PAD, lm.PAD, lm.PAD, lm.PAD]
@@ -45,8 +46,10 @@ def test_verbalize_lists_acts_by_probability_in_tenths_that_sum_to_one():
 
 def test_parse_repairs_repeats_and_flags_malformed():
     u, b = lm.USER0, lm.BIN0
-    repeated = [u + 1, b + 6, u + 1, b + 3, u + 0, b + 2, u + 2, b + 0, u + 3, b + 0]  # act 1 twice: first kept
-    wrong_kind = [u + 1, u + 2, u + 0, b + 2, u + 2, b + 0, u + 3, b + 0, u + 4, b + 0]  # act where a bin belongs
+    # act 1 twice: first kept
+    repeated = [u + 1, b + 6, u + 1, b + 3, u + 0, b + 2, u + 2, b + 0, u + 3, b + 0]
+    # act where a bin belongs
+    wrong_kind = [u + 1, u + 2, u + 0, b + 2, u + 2, b + 0, u + 3, b + 0, u + 4, b + 0]
     no_mass = [u + 0, b, u + 1, b, u + 2, b, u + 3, b, u + 4, b]
     card = [lm.NO_CARD] + repeated[1:]
     parsed = lm.parse_verbalized(jnp.asarray([repeated, wrong_kind, no_mass, card]))
@@ -76,7 +79,8 @@ def test_sim_table_matches_full_forwards(models):
         n = personas.STATE_LENGTH[i]
         tokens = jnp.asarray([[card, *lm.STATE_TOKENS[i, :n], lm.AGENT0 + s]])
         logits, _ = decoder.forward(graphdef, sim, tokens, lm.positions_like(tokens))
-        np.testing.assert_allclose(table[i, s], jax.nn.softmax(logits[0, -1, lm.USER0:lm.USER0 + personas.N_USER]),
+        np.testing.assert_allclose(table[i, s],
+                                   jax.nn.softmax(logits[0, -1, lm.USER0:lm.USER0 + personas.N_USER]),
                                    atol=1e-6)
 
 
@@ -93,8 +97,8 @@ def test_rollout_reward_matches_the_exact_value_of_the_read_out_tables(models):
     n = 4096
     d = _rollout(models, False, n)
     policy = lm.as_table(jax.jit(lm.agent_policy_table, static_argnums=0)(graphdef, agent))
-    table = lm.as_table(jax.jit(lm.sim_reply_table, static_argnums=0)(graphdef, jax.tree.map(lambda x: x[0], sims),
-                                                                      lm.NO_CARD))
+    table = lm.as_table(jax.jit(lm.sim_reply_table, static_argnums=0)(
+        graphdef, jax.tree.map(lambda x: x[0], sims), lm.NO_CARD))
     rewards = np.asarray(d.rewards)
     assert abs(rewards.mean() - personas.policy_value(policy, table)) < 4 * rewards.std() / np.sqrt(n)
     early = np.mean(np.asarray(d.tokens)[:, -1] != lm.ASK_TOKEN)
@@ -131,13 +135,14 @@ def test_train_step_log_probs_reproduce_the_behaviour_log_probs(models):
     d = _rollout(models, False, 64)
     stats = token_logprobs(graphdef, agent, d.tokens, lm.positions_like(d.tokens), allowed=lm.AGENT_ACTS)
     mask = np.asarray(d.agent_mask) > 0
-    np.testing.assert_allclose(np.asarray(stats.logprobs)[mask], np.asarray(d.agent_logprobs)[mask], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(stats.logprobs)[mask], np.asarray(d.agent_logprobs)[mask],
+                               atol=1e-5)
     sim = jax.tree.map(lambda x: x[0], sims)
     sim_stats = token_logprobs(graphdef, sim, d.sim_tokens[0], lm.positions_like(d.sim_tokens[0]),
                                allowed=lm.REPLY_ACTS)
     sim_mask = np.asarray(d.sim_mask[0]) > 0
-    np.testing.assert_allclose(np.asarray(sim_stats.logprobs)[sim_mask], np.asarray(d.sim_logprobs[0])[sim_mask],
-                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(sim_stats.logprobs)[sim_mask],
+                               np.asarray(d.sim_logprobs[0])[sim_mask], atol=1e-5)
 
 
 def test_verbalized_table_falls_back_to_direct_replies_where_malformed(models):

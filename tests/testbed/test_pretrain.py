@@ -13,10 +13,11 @@ from tests.testbed.conftest import QUICK
 def test_collapsed_simulator_deviates_less_than_the_base_simulator(pretrained):
     graphdef, _ = decoder.init(pt.model_config(QUICK), seed=0)
     tabulate = jax.jit(lm.sim_reply_table, static_argnums=0)
-    policy = lm.as_table(jax.jit(lm.agent_policy_table, static_argnums=0)(graphdef, jax.tree.map(lambda x: x[0],
-                                                                                               pretrained.agent)))
+    policy = lm.as_table(jax.jit(lm.agent_policy_table, static_argnums=0)(
+        graphdef, jax.tree.map(lambda x: x[0], pretrained.agent)))
     base = lm.as_table(tabulate(graphdef, jax.tree.map(lambda x: x[0], pretrained.base), lm.NO_CARD))
-    collapsed = lm.as_table(tabulate(graphdef, jax.tree.map(lambda x: x[0, 0], pretrained.collapsed), lm.NO_CARD))
+    collapsed = lm.as_table(tabulate(graphdef, jax.tree.map(lambda x: x[0, 0], pretrained.collapsed),
+                                     lm.NO_CARD))
     base_dev = personas.simulator_deviation(policy, base)
     collapsed_dev = personas.simulator_deviation(policy, collapsed)
     assert collapsed_dev < base_dev - 0.1, (collapsed_dev, base_dev)
@@ -28,8 +29,8 @@ def test_collapsed_simulator_deviates_less_than_the_base_simulator(pretrained):
 
 def test_pretrained_agent_follows_p4g_frequencies(pretrained):
     graphdef, _ = decoder.init(pt.model_config(QUICK), seed=0)
-    policy = np.asarray(jax.jit(lm.agent_policy_table, static_argnums=0)(graphdef, jax.tree.map(lambda x: x[0],
-                                                                                              pretrained.agent)))
+    policy = np.asarray(jax.jit(lm.agent_policy_table, static_argnums=0)(
+        graphdef, jax.tree.map(lambda x: x[0], pretrained.agent)))
     p4g = personas.p4g_policy()[0]
     assert 0.5 * np.abs(policy[0] - p4g).sum() < 0.1
     assert policy[:, personas.ASK].max() < 0.05  # it asks only when forced
@@ -45,7 +46,8 @@ def test_verbalization_examples_state_the_predictive_after_the_prompt():
         assert row[0] == lm.NO_CARD and row[1] == lm.GREETING and request % 2 == 1
         assert np.flatnonzero(m).tolist() == list(range(request + 1, request + 1 + lm.VS_LENGTH))
         t = (request - 3) // 2
-        state = personas.state_index(tuple(zip(row[2:request - 1:2] - lm.AGENT0, row[3:request - 1:2] - lm.USER0)))
+        state = personas.state_index(tuple(zip(row[2:request - 1:2] - lm.AGENT0,
+                                               row[3:request - 1:2] - lm.USER0)))
         assert state == d.states[i, t]
         stated = lm.parse_verbalized(row[request + 1:request + 1 + lm.VS_LENGTH]).probs
         exact = predictive[state, row[request - 1] - lm.AGENT0]

@@ -1,6 +1,5 @@
 """Tiny models and batches shared by the training tests (built once per session)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -123,7 +123,8 @@ def test_fingerprint_is_stable_and_another_config_is_refused(tmp_path, trained_s
     saved(tmp_path, trained_state).close()
     other = config_fingerprint({"model": "tiny", "lr": 2e-3})
     with Checkpointer(tmp_path / "checkpoints", other) as ckpt:
-        with pytest.raises(CheckpointError, match=f"another config \\(fingerprint {FINGERPRINT} != {other}\\)"):
+        with pytest.raises(CheckpointError,
+                           match=f"another config \\(fingerprint {FINGERPRINT} != {other}\\)"):
             ckpt.restore(abstract(trained_state))
 
 
