@@ -300,11 +300,11 @@ def sim_reply_table(graphdef: nnx.GraphDef, params: Params, card: jax.Array) -> 
 
 
 def verbalized_table(graphdef: nnx.GraphDef, params: Params, card: jax.Array) -> tuple[jax.Array, jax.Array]:
-    ("""The greedy verbalization at every (state, strategy), parsed: """
-     """(q [N_STATES, S, U], malformed [N_STATES, S]).
+    """The greedy verbalization at every (state, strategy), parsed:
+    (q [N_STATES, S, U], malformed [N_STATES, S]).
 
     Malformed entries fall back to the direct reply distribution, as in a rollout.
-    """)
+    """
     prefix = jnp.concatenate([jnp.full((personas.N_STATES, 1), card, jnp.int32),
                               jnp.asarray(STATE_TOKENS)], 1)
     prompts = jnp.broadcast_to(jnp.pad(prefix, ((0, 0), (0, 2)))[:, None],

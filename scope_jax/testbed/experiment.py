@@ -41,8 +41,8 @@ class Settings:
 
 @dataclasses.dataclass
 class ArmResult:
-    ("""Per-step curves [R, steps] (step t = 1..steps) and exact evaluations [R, E + 1] """
-     """(steps 0, k, 2k, ...).""")
+    """Per-step curves [R, steps] (step t = 1..steps) and exact evaluations [R, E + 1]
+    (steps 0, k, 2k, ...)."""
 
     label: str
     step_curves: dict[str, np.ndarray]

@@ -202,8 +202,8 @@ class SFT:
         self.step = jax.jit(step, donate_argnums=(0, 1))
 
     def __call__(self, params: Params, datasets: tuple[Dataset, ...]) -> tuple[Params, float]:
-        ("""Train on datasets (tokens [S, B, L], mask [S, B, L]), one batch of each per step; """
-         """(params, last loss).""")
+        """Train on datasets (tokens [S, B, L], mask [S, B, L]), one batch of each per step;
+        returns (params, last loss)."""
         steps = len(datasets[0][0])
         opt_state = self.adam.init(params)
         loss = jnp.nan
