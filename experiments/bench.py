@@ -16,6 +16,16 @@ ever makes a run slower, and alternating exposes both sides to the same load.
               when the SmolLM2 wheel is missing). Where the time goes: XLA op time by kind, from a
               profile of one step.
   collapse    see `bench_collapse`.
+  rl_step     one RL step of the target-word example config (experiments/configs/target_word.py, tiny
+              random agent and simulator; --mode picks the simulator mode), run through the host loop's
+              own functions: time split into rollout, reward (+ group advantages), batch building,
+              log-prob recomputation and update, compile time apart; the update's GFLOP/s against this
+              machine's float32 matmul peak. Its reference is the peak: ratio=<achieved/peak>. The phases
+              and the peak's matmul alternate in the same warm rounds (the update donates the state, so
+              the rollout samples with a copy of the initial parameters). Where the loop has no
+              separate log-prob recomputation (behaviour log-probs come from the sampler; the reference
+              forward of a KL term runs inside the update), its row is the forward pass such a recompute
+              would cost, marked as not part of the step.
 """
 
 from __future__ import annotations
@@ -173,15 +183,21 @@ def bench_sampler(args: argparse.Namespace) -> float:
     return headline
 
 
-def matmul_peak(size: int = 4096, repeats: int = 3) -> tuple[float, float]:
-    """Measured float32 matmul GFLOP/s of this machine: (jitted jnp.dot, numpy), size x size operands."""
+def matmul_fns(size: int = 4096) -> tuple[float, dict[str, Callable[[], Any]]]:
+    """(FLOPs, {"jax": jitted jnp.dot, "numpy": numpy @}) of one float32 size x size matmul, compiled."""
     a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
     b = jax.random.normal(jax.random.key(1), (size, size), jnp.float32)
     dot = jax.jit(jnp.dot)
     a_np, b_np = np.asarray(a), np.asarray(b)
     dot(a, b).block_until_ready()
-    best = best_of({"jax": lambda: dot(a, b).block_until_ready(), "numpy": lambda: a_np @ b_np}, repeats)
-    return 2 * size**3 / best["jax"] / 1e9, 2 * size**3 / best["numpy"] / 1e9
+    return 2 * size**3, {"jax": lambda: dot(a, b).block_until_ready(), "numpy": lambda: a_np @ b_np}
+
+
+def matmul_peak(size: int = 4096, repeats: int = 3) -> tuple[float, float]:
+    """Measured float32 matmul GFLOP/s of this machine: (jitted jnp.dot, numpy), size x size operands."""
+    flops, fns = matmul_fns(size)
+    best = best_of(fns, repeats)
+    return flops / best["jax"] / 1e9, flops / best["numpy"] / 1e9
 
 
 def train_flops(config: ModelConfig, batch: int, length: int) -> float:
@@ -328,6 +344,143 @@ def bench_collapse(args: argparse.Namespace) -> float:
     return seconds["default"] / budgets["default"]
 
 
+def recompute_logprobs(setup, params: Any, batch: Any) -> dict[str, jax.Array]:
+    """Forward token log-probs of each trained role over its training batch, with the loss's settings:
+    what recomputing the old policy's (or the reference's) log-probs for the update costs."""
+    from scope_jax.training.loss import LossConfig
+
+    def role(graphdef, role_params, role_batch, config: LossConfig) -> jax.Array:
+        return token_logprobs(graphdef, role_params, role_batch.tokens, role_batch.positions,
+                              chunk_size=config.chunk_size, temperature=config.temperature,
+                              allowed=config.allowed_tokens).logprobs
+
+    step_config, agent_graphdef = setup.step_config, setup.agent.graphdef
+    out = {"agent": role(agent_graphdef, params["agent"], batch.agent, step_config.agent)}
+    if batch.sims is not None:
+        if step_config.self_play:  # one set of weights plays both roles
+            out["sims"] = jax.vmap(lambda b: role(agent_graphdef, params["agent"], b, step_config.sims))(
+                batch.sims)
+        else:
+            out["sims"] = jax.vmap(lambda p, b: role(setup.sim.graphdef, p, b, step_config.sims))(
+                params["sims"], batch.sims)
+    return out
+
+
+@benchmark
+def bench_rl_step(args: argparse.Namespace) -> float:
+    """One RL step of the target-word example config (`experiments/configs/target_word.py:MODE`, tiny
+    random agent and simulator) through the host loop's own functions, split into rollout, reward, batch,
+    log-prob recomputation and update; the update's GFLOP/s against the measured matmul peak (headline)."""
+    from flax import nnx
+
+    from experiments.configs.target_word import get_config
+    from scope_jax import sharding
+    from scope_jax.training import loop
+    from scope_jax.training import state as joint
+    from scope_jax.training.train_step import compile_train_step
+
+    config = get_config(args.mode)
+    setup = loop.build(config)
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    state = jax.device_put(setup.state, joint.state_shardings(setup.state, mesh))
+    # (model config, parameter count) of each role's model, read before the update donates the params.
+    models_by_role = {"agent": (nnx.merge(setup.agent.graphdef, setup.agent.params).config,
+                                sum(x.size for x in jax.tree.leaves(setup.agent.params)))}
+    if setup.sim is not None:
+        member = jax.tree.map(lambda x: x[0], setup.sim.params)
+        models_by_role["sims"] = (nnx.merge(setup.sim.graphdef, member).config,
+                                  sum(x.size for x in jax.tree.leaves(member)))
+    else:  # self-play: the agent's model plays the simulator
+        models_by_role["sims"] = models_by_role["agent"]
+    # The rollout samples with a copy of the parameters: the update donates (and replaces) the state.
+    sample_state = jax.tree.map(jnp.copy, state)
+    step, first = 0, {}
+
+    def first_call(name: str, fn: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        out = fn()
+        first[name] = time.perf_counter() - start
+        return out
+
+    def update():
+        nonlocal state
+        state, metrics = step_fn(state, batch)
+        return jax.device_get(metrics)
+
+    def reward():
+        for episode in episodes:
+            setup.env.rewards(episode)
+        return loop.role_advantages(setup, config, episodes)
+
+    phases = {  # name: (what it runs, whether the loop's step runs it)
+        "rollout": (lambda: loop.rollout_step(setup, config, sample_state, step)[2], True),
+        "reward": (reward, True),
+        "batch": (lambda: loop.views_batch(setup, config, episodes, advantages), True),
+        "logprobs": (lambda: jax.block_until_ready(recompute(state.params, batch)), False),
+        "update": (update, True),
+    }
+    episodes = first_call("rollout", phases["rollout"][0])
+    advantages = first_call("reward", reward)
+    batch = first_call("batch", phases["batch"][0])
+    step_fn = compile_train_step(setup.train_step, state, batch, mesh)
+    recompute = jax.jit(lambda params, batch: recompute_logprobs(setup, params, batch))
+    first_call("logprobs", phases["logprobs"][0])
+    first_call("update", update)
+    # The matmul peak is measured in the same alternating rounds, under the same load as the phases.
+    matmul_flops, matmul = matmul_fns()
+    best = best_of({**{name: fn for name, (fn, _) in phases.items()},
+                    **{f"peak {name}": fn for name, fn in matmul.items()}}, args.repeats)
+    jax_peak, numpy_peak = (matmul_flops / best[f"peak {name}"] / 1e9 for name in ("jax", "numpy"))
+
+    flops, forward_flops, shapes = 0.0, 0.0, []
+    for role, role_batch in (("agent", batch.agent), ("sims", batch.sims)):
+        if role_batch is None:
+            continue
+        model_config, count = models_by_role[role]
+        rows, length = int(np.prod(role_batch.tokens.shape[:-1])), role_batch.tokens.shape[-1]
+        role_flops = train_flops(model_config, rows, length)
+        loss_config = getattr(setup.step_config, role)
+        flops += role_flops * (4 / 3 if loss_config.kl_coef else 1)  # + the reference's forward (1/3)
+        forward_flops += role_flops / 3
+        shapes.append(f"{role} {'x'.join(map(str, role_batch.tokens.shape))} tokens "
+                      f"({int(role_batch.loss_mask.sum())} trained), {count:,} parameters "
+                      f"(hidden {model_config.hidden_size}, {model_config.num_layers} layers, "
+                      f"vocab {model_config.vocab_size})")
+    loop_step = sum(best[name] for name, (_, in_loop) in phases.items() if in_loop)
+    achieved = flops / best["update"] / 1e9
+    print(f"\nrl_step: experiments/configs/target_word.py:{args.mode}, {config.rollout.groups} groups x "
+          f"{config.rollout.group_size} episodes, {config.env.max_turns} turns per role, "
+          f"{config.sampling.max_new_tokens} new tokens per turn; best of {args.repeats} alternating warm "
+          "rounds")
+    for line in shapes:
+        print(f"  trained batch: {line}")
+    print(f"{'phase':<10}{'seconds':>9}{'of step':>9}{'compile s':>11}  what")
+    what = {
+        "rollout": "loop.rollout_step: scenarios, batched turns (jitted generate), env.rewards at the end",
+        "reward": "env.rewards on every episode again + loop.role_advantages (group advantages)",
+        "batch": "loop.views_batch: each role's token views -> padded arrays",
+        "logprobs": "NOT a loop phase here*: forward token_logprobs over the trained batch",
+        "update": "the jitted train step (compile_train_step), state donated",
+    }
+    for name, (_, in_loop) in phases.items():
+        share = f"{best[name] / loop_step:.0%}" if in_loop else f"+{best[name] / loop_step:.0%}"
+        compile_s = max(first[name] - best[name], 0.0)
+        print(f"{name:<10}{best[name]:>9.4f}{share:>9}{compile_s:>11.2f}  {what[name]}")
+    print(f"{'step':<10}{loop_step:>9.4f}{'100%':>9}{'':>11}  rollout + reward + batch + update")
+    kl = ", ".join(f"{role} kl_coef {getattr(setup.step_config, role).kl_coef}"
+                   for role in ("agent", "sims") if getattr(setup.step_config, role) is not None)
+    print(f"* old log-probs come from the sampler and the reference is kept only for kl_coef > 0 ({kl}); "
+          "with kl_coef > 0 the reference forward runs inside the update. The row is what a separate "
+          "recompute would add (+ share of the step).")
+    print(f"update: {flops / 1e9:.3f} GFLOP (train_flops of each trained role over its padded batch, plus "
+          f"the reference forward where kl_coef > 0) in {best['update'] * 1e3:.1f} ms = {achieved:.1f} "
+          f"GFLOP/s; "
+          f"log-prob forward {forward_flops / best['logprobs'] / 1e9:.1f} GFLOP/s")
+    print(f"float32 matmul peak, 4096^3, measured in the same rounds: jax {jax_peak:.0f} GFLOP/s, numpy "
+          f"{numpy_peak:.0f} GFLOP/s; update at {achieved / jax_peak:.1%} of the jax peak")
+    return achieved / jax_peak
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -335,6 +488,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="warm runs per measurement (the best is kept)")
     parser.add_argument("--models", nargs="+", default=["5m", "smollm2"], choices=["5m", "smollm2"])
     parser.add_argument("--batches", nargs="+", type=int, default=[16, 64], help="sampler batch sizes")
+    parser.add_argument("--mode", default="frozen",
+                        help="rl_step: the simulator mode of experiments/configs/target_word.py")
     args = parser.parse_args()
     ratio = BENCHMARKS[args.name](args)
     print(f"ratio={ratio:.3f}")

@@ -259,6 +259,17 @@ def make_episodes(env, config, step: int, split: str, groups: int) -> list[Episo
             for g in range(groups) for k in range(size)]
 
 
+def rollout_step(setup: Setup, config, state: joint.JointState,
+                 step: int) -> tuple[Players, jax.Array, list[Episode]]:
+    """The rollout of train step `step`: its episodes played to the end (rewards filled in) by the state's
+    current players. Returns the players and the step's key too (evaluation and probes reuse them)."""
+    players = current_players(setup, state)
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), step)
+    episodes = make_episodes(setup.env, config, step, "train", config.rollout.groups)
+    rollout(setup.env, episodes, players.agent, players.sim_turn, key)
+    return players, key, episodes
+
+
 def episode_stats(episodes: list[Episode]) -> dict[str, float]:
     rewards = np.asarray([e.rewards["agent"] for e in episodes])
     stats = {"reward": float(rewards.mean()), "reward_std": float(rewards.std()),
@@ -286,24 +297,37 @@ def write_samples(run_dir: RunDir, env, step: int, episodes: list[Episode]) -> N
     (folder / f"step-{step}.jsonl").write_text("".join(lines))
 
 
-def make_batch(setup: Setup, config, episodes: list[Episode]) -> Batch:
-    """The train step's batch: the agent's views [N, L], and the simulators' [P, M, L] when they train."""
+def role_advantages(setup: Setup, config, episodes: list[Episode]) -> dict[str, np.ndarray]:
+    """Group-relative advantages [N] from the episodes' rewards: "agent" (groups: the scenarios) and, when
+    the simulators train, "sims" (groups: scenario x simulator; reward per `sim.objective`)."""
     rewards = np.asarray([e.rewards["agent"] for e in episodes], np.float32)
     groups = np.asarray([e.group for e in episodes])
+    advantages = {"agent": group_advantages(rewards, groups, config.algo.advantage)}
+    if setup.step_config.sims is not None:
+        shared = config.sim.objective == "shared"
+        sim_rewards = np.asarray([e.rewards["sim"] if shared else -e.rewards["agent"] for e in episodes],
+                                 np.float32)
+        sim_groups = groups * config.sim.population + np.asarray([e.sim_index for e in episodes])
+        advantages["sims"] = group_advantages(sim_rewards, sim_groups, config.algo.advantage)
+    return advantages
+
+
+def views_batch(setup: Setup, config, episodes: list[Episode], advantages: dict[str, np.ndarray]) -> Batch:
+    """The train step's batch from each trained role's final token views and its `advantages`."""
     agent = setup.agent
     agent_batch = pad_views([final_view(setup.env, e, AGENT, agent.tokenizer) for e in episodes],
-                            group_advantages(rewards, groups, config.algo.advantage), agent.sampling.pad_token_id)
+                            advantages["agent"], agent.sampling.pad_token_id)
     if setup.step_config.sims is None:
         return Batch(agent=agent_batch)
-    sim_rewards = np.asarray([e.rewards["sim"] if config.sim.objective == "shared" else -e.rewards["agent"]
-                              for e in episodes], np.float32)
     sim = setup.sim or agent  # self-play: the agent's own model voices the simulator
-    population = config.sim.population
-    sim_groups = groups * population + np.asarray([e.sim_index for e in episodes])
-    sims_batch = population_batch(setup.env, episodes, SIM, sim.tokenizer,
-                                  group_advantages(sim_rewards, sim_groups, config.algo.advantage), population,
-                                  sim.sampling.pad_token_id)
+    sims_batch = population_batch(setup.env, episodes, SIM, sim.tokenizer, advantages["sims"],
+                                  config.sim.population, sim.sampling.pad_token_id)
     return Batch(agent=agent_batch, sims=sims_batch)
+
+
+def make_batch(setup: Setup, config, episodes: list[Episode]) -> Batch:
+    """The train step's batch: the agent's views [N, L], and the simulators' [P, M, L] when they train."""
+    return views_batch(setup, config, episodes, role_advantages(setup, config, episodes))
 
 
 def evaluate(setup: Setup, config, agent: Player, key: jax.Array, step: int) -> dict[str, float]:
@@ -348,10 +372,7 @@ def train(config: ml_collections.ConfigDict, run_dir: RunDir) -> tuple[joint.Joi
     for step in run_dir.progress(range(start, config.train.steps), desc="train",
                                  total=config.train.steps - start):
         t0 = time.perf_counter()
-        players = current_players(setup, state)
-        key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), step)
-        episodes = make_episodes(setup.env, config, step, "train", config.rollout.groups)
-        rollout(setup.env, episodes, players.agent, players.sim_turn, key)
+        players, key, episodes = rollout_step(setup, config, state, step)
         t1 = time.perf_counter()
         batch = make_batch(setup, config, episodes)
         t2 = time.perf_counter()
