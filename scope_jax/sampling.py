@@ -6,6 +6,10 @@ programs instead of compiling one per turn, and runs `decode` under `jit`. The K
 that one jitted call and updated in place by it (the decode loop's carry), so it is never copied in or
 out and needs no donation; only the prompts, the sampled tokens and their log-probs cross the boundary.
 
+On a mesh (`mesh=`), the rows are spread over its data-parallel axes (data, fsdp): the batch is
+padded to a multiple of their size and the prompts are placed batch-sharded, so every device decodes
+and caches only its own rows, while the parameters stay on their own (FSDP / tensor) shardings.
+
 `decode` is the pure, traceable core (jit, vmap over a population's stacked params, or shard it as
 you like). Prompts are right-padded; row b's prompt is `prompt_tokens[b, :prompt_lengths[b]]`.
 Prefill writes every prompt into the cache at slots 0..P-1 and samples the first new token from the
@@ -26,7 +30,9 @@ import chex
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
 
+from scope_jax import sharding
 from scope_jax.models.decoder import KVCache, Params, rope_inverse_frequencies
 
 MIN_PROMPT_BUCKET = 16
@@ -209,33 +215,44 @@ def bucket(n: int, minimum: int = 1) -> int:
     return 1 << (max(n, minimum) - 1).bit_length()
 
 
-def _bucketed(prompt_tokens: jax.Array, prompt_lengths: jax.Array, pad_id: int) -> tuple[jax.Array, jax.Array]:
-    """Pad prompts [..., B, P] / lengths [..., B] to bucket(B) rows and bucket(P) columns (new rows inactive)."""
+def _bucketed(prompt_tokens: jax.Array, prompt_lengths: jax.Array, pad_id: int,
+              mesh: Mesh | None) -> tuple[jax.Array, jax.Array]:
+    """Pad prompts [..., B, P] / lengths [..., B] to bucket(B) rows and bucket(P) columns (new rows inactive).
+
+    With a mesh, the rows are rounded up to a multiple of its data-parallel size and placed sharded
+    over (data, fsdp) on the row axis (every other axis replicated)."""
     batch, prompt_len = prompt_tokens.shape[-2:]
-    rows, columns = bucket(batch), bucket(prompt_len, MIN_PROMPT_BUCKET)
+    shards = 1 if mesh is None else sharding.data_parallel_size(mesh)
+    rows, columns = -(-bucket(batch) // shards) * shards, bucket(prompt_len, MIN_PROMPT_BUCKET)
     lead = [(0, 0)] * (prompt_tokens.ndim - 2)
-    tokens = jnp.pad(jnp.asarray(prompt_tokens, jnp.int32), lead + [(0, rows - batch), (0, columns - prompt_len)],
-                     constant_values=pad_id)
+    tokens = jnp.pad(jnp.asarray(prompt_tokens, jnp.int32),
+                     lead + [(0, rows - batch), (0, columns - prompt_len)], constant_values=pad_id)
     lengths = jnp.pad(jnp.asarray(prompt_lengths, jnp.int32), lead + [(0, rows - batch)])
+    if mesh is not None:
+        row_axis = len(lead)
+        tokens = jax.device_put(tokens, sharding.batch_sharding(mesh, tokens.ndim, row_axis))
+        lengths = jax.device_put(lengths, sharding.batch_sharding(mesh, lengths.ndim, row_axis))
     return tokens, lengths
 
 
 def _rows(out: SampleOutput, batch: int) -> SampleOutput:
     """Cut the per-row outputs back to the first `batch` rows (the last axis before the token axis)."""
     cut = lambda x, axis: jax.lax.slice_in_dim(x, 0, batch, axis=axis)
-    return out._replace(tokens=cut(out.tokens, -2), logprobs=cut(out.logprobs, -2), lengths=cut(out.lengths, -1),
-                        done=cut(out.done, -1))
+    return out._replace(tokens=cut(out.tokens, -2), logprobs=cut(out.logprobs, -2),
+                        lengths=cut(out.lengths, -1), done=cut(out.done, -1))
 
 
 def generate(graphdef: nnx.GraphDef, params: Params, prompt_tokens: jax.Array, prompt_lengths: jax.Array,
-             key: jax.Array, config: SamplingConfig) -> SampleOutput:
+             key: jax.Array, config: SamplingConfig, mesh: Mesh | None = None) -> SampleOutput:
     """Sample continuations of right-padded prompts [B, P] with lengths [B] (each >= 1); see `decode`.
 
     The batch is padded to `bucket(B)` rows and the prompt to `bucket(P, MIN_PROMPT_BUCKET)` columns
-    before the jitted call, and the outputs are cut back to B rows.
+    before the jitted call, and the outputs are cut back to B rows. With `mesh`, the rows (and so the
+    KV cache) are spread over its (data, fsdp) axes; `params` may sit on any shardings of that mesh.
+    The tokens are the same as without a mesh.
     """
     chex.assert_rank([prompt_tokens, prompt_lengths], [2, 1])
-    tokens, lengths = _bucketed(prompt_tokens, prompt_lengths, config.pad_token_id)
+    tokens, lengths = _bucketed(prompt_tokens, prompt_lengths, config.pad_token_id, mesh)
     return _rows(_decode_jit(graphdef, params, tokens, lengths, key, config), prompt_tokens.shape[0])
 
 
@@ -249,15 +266,18 @@ _decode_population_jit = jax.jit(_decode_population, static_argnames=("graphdef"
 
 
 def generate_population(graphdef: nnx.GraphDef, params: Params, prompt_tokens: jax.Array,
-                        prompt_lengths: jax.Array, key: jax.Array, config: SamplingConfig) -> SampleOutput:
+                        prompt_lengths: jax.Array, key: jax.Array, config: SamplingConfig,
+                        mesh: Mesh | None = None) -> SampleOutput:
     """`generate` for P models of one architecture in one call, vmapped over P.
 
     params: stacked [P, ...]; prompt_tokens [P, B, P_len], prompt_lengths [P, B] (length 0 marks an
     unused row, so members may have different numbers of prompts). Member p samples with
     `fold_in(key, p)`, exactly as `generate(params[p], ..., fold_in(key, p))` would. Outputs carry [P].
+    With `mesh`, each member's rows are spread over its (data, fsdp) axes, as in `generate`.
     """
     chex.assert_rank([prompt_tokens, prompt_lengths], [3, 2])
     population = prompt_tokens.shape[0]
     keys = jax.vmap(lambda p: jax.random.fold_in(key, p))(jnp.arange(population))
-    tokens, lengths = _bucketed(prompt_tokens, prompt_lengths, config.pad_token_id)
-    return _rows(_decode_population_jit(graphdef, params, tokens, lengths, keys, config), prompt_tokens.shape[1])
+    tokens, lengths = _bucketed(prompt_tokens, prompt_lengths, config.pad_token_id, mesh)
+    return _rows(_decode_population_jit(graphdef, params, tokens, lengths, keys, config),
+                 prompt_tokens.shape[1])

@@ -20,7 +20,8 @@ BATCH_AXES = ("data", "fsdp")
 Rules = Sequence[tuple[str, P]]
 
 
-def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A (data, fsdp, tensor) mesh with Auto axis types over the first data*fsdp*tensor devices.
 
     -1 in one axis takes all remaining devices.
@@ -75,9 +76,14 @@ def named_shardings(tree: Any, rules: Rules, mesh: Mesh) -> Any:
                         is_leaf=lambda x: isinstance(x, P))
 
 
-def batch_sharding(mesh: Mesh, rank: int) -> NamedSharding:
-    """First axis over (data, fsdp), the rest replicated."""
-    return NamedSharding(mesh, P(BATCH_AXES, *([None] * (rank - 1))))
+def batch_sharding(mesh: Mesh, rank: int, axis: int = 0) -> NamedSharding:
+    """Dimension `axis` (the batch) over (data, fsdp), the rest replicated."""
+    return NamedSharding(mesh, P(*[BATCH_AXES if d == axis else None for d in range(rank)]))
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    """How many shards a batch dimension is split into: the size of the (data, fsdp) axes."""
+    return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -38,7 +38,9 @@ def get_config(arg: str = "0.6b"):
     size, _, mode = arg.partition(":")
     config = p4g_rl.get_config(mode or "frozen", model=FOLDERS.get(size, size))
     config.env.max_turns = 10
-    config.agent.update(dtype="bfloat16", max_context=SEQUENCE)
+    # remat: without it the activations of one 2048-token sequence take 16 to 43 GiB (docs/p4g.md)
+    config.agent.update(dtype="bfloat16", max_context=SEQUENCE, remat=True)
+    config.sim.remat = True
     config.sampling.max_new_tokens = 96
     config.verbalized.update(k=5, max_retries=2, max_new_tokens=384)
     config.rollout.update(groups=16, group_size=8)
@@ -69,25 +71,24 @@ class Memory:
         return self.state + self.activations_remat
 
 
-def memory_per_device(arch: ModelConfig, *, dtype: str = "bfloat16", trained: int = 1, frozen: int = 1,
-                      references: int = 0, unsharded: int = 1, shards: int = 1, sequences: int = 1,
-                      length: int = TYPICAL, logit_chunk: int = 128) -> Memory:
+def memory_per_device(arch: ModelConfig, *, dtype: str = "bfloat16", trained: int = 1, frozen: int = 2,
+                      references: int = 0, shards: int = 1, sequences: int = 1, length: int = TYPICAL,
+                      logit_chunk: int = 128) -> Memory:
     """Memory of one train step per device.
 
-    trained / frozen / references: how many models of `arch` in the joint state train (agent, co-trained
-    simulators), sit frozen (the simulator in frozen / verbalized mode), or serve as KL references; each
-    trained model holds params, a gradient and two AdamW moments in `dtype`. shards: devices the state is
-    sharded over (fsdp x tensor). unsharded: models held whole on one device outside the state (the
-    held-out simulator; counted in full, as on the first device). sequences: sequences of `length` tokens
-    per device in one micro-batch. Activations per layer: the saved matmul inputs and outputs (in
-    `dtype`) plus the float32 attention scores and probabilities (heads x length^2 each: the decoder
-    materialises them); the output head is chunked (`logit_chunk` tokens of float32 logits, kept three
-    times). Rough by design (XLA's buffer reuse is not modelled):
+    trained / frozen / references: how many models of `arch` train (agent, co-trained simulators), sit
+    frozen (the simulator in frozen / verbalized mode, and the held-out simulator, which the loop places
+    on the mesh too), or serve as KL references; each trained model holds params, a gradient and two
+    AdamW moments in `dtype`. shards: devices the parameters are sharded over (fsdp x tensor).
+    sequences: sequences of `length` tokens per device in one micro-batch. Activations per layer: the
+    saved matmul inputs and outputs (in `dtype`) plus the float32 attention scores and probabilities
+    (heads x length^2 each: the decoder materialises them); the output head is chunked (`logit_chunk`
+    tokens of float32 logits, kept three times). Rough by design (XLA's buffer reuse is not modelled):
     meant to choose a layout, not to promise a number.
     """
     b = BYTES[dtype]
     n = arch.num_params
-    state = n * b * ((4 * trained + frozen + references) / shards + unsharded)
+    state = n * b * (4 * trained + frozen + references) / shards
     d, f = arch.hidden_size, arch.intermediate_size
     q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     per_token = b * (4 * d + 2 * q + 2 * kv + 3 * f)  # norms' inputs, q/k/v/attention output, MLP
@@ -106,18 +107,20 @@ def kv_cache_bytes(arch: ModelConfig, rows: int, length: int = SEQUENCE, dtype: 
 
 def memory_table(shards: int = 8, rows: int = 128) -> str:
     """The docs' table (GiB): per device for frozen-simulator training and for co-training on `shards`
-    devices, and the KV cache of a generate call over a whole rollout batch of `rows` dialogues."""
+    devices, and the KV cache of a generate call over a whole rollout batch of `rows` dialogues (in
+    total, and per device with the rows spread over `shards` data-parallel devices)."""
     gib = 2.0**30
     lines = [f"| model | params | mode | state / device | + activations, 1 sequence of {TYPICAL} tokens "
-             f"| the same with remat | KV cache, {rows} x {SEQUENCE} tokens (total) |",
-             "|---|---|---|---|---|---|---|"]
+             f"| the same with remat | KV cache, {rows} x {SEQUENCE} tokens: total | / device |",
+             "|---|---|---|---|---|---|---|---|"]
     for size, arch in ARCHITECTURES.items():
-        for mode, roles in (("frozen", dict(trained=1, frozen=1)),
-                            ("cotrain", dict(trained=2, frozen=0, references=1))):
+        for mode, roles in (("frozen", dict(trained=1, frozen=2)),
+                            ("cotrain", dict(trained=2, frozen=1, references=1))):
             m = memory_per_device(arch, shards=shards, **roles)
+            cache = kv_cache_bytes(arch, rows) / gib
             lines.append(f"| Qwen3-{size.upper()} | {arch.num_params / 1e9:.2f}B | {mode} "
                          f"| {m.state / gib:.1f} | {m.total / gib:.1f} | {m.total_remat / gib:.1f} "
-                         f"| {kv_cache_bytes(arch, rows) / gib:.0f} |")
+                         f"| {cache:.0f} | {cache / shards:.1f} |")
     return "\n".join(lines)
 
 

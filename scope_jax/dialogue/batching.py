@@ -33,13 +33,13 @@ def final_view(env: Environment, episode: Episode, role: str, tokenizer: PreTrai
         if message.role == role and message.prompt_ids is not None:
             if view.ids[:len(message.prompt_ids)] != message.prompt_ids:
                 raise ValueError(
-                    f"the {role}'s chat template renders earlier turns differently once later turns exist, "
-                    "so the prompt it sampled from is not a prefix of its training sequence; use a "
-                    "template without history rewriting (e.g. no stripping of reasoning from past turns)")
+                    f"a prompt the {role} sampled from is not a prefix of its training sequence (views grow "
+                    "turn by turn, so its system prompt, tokenizer or earlier messages changed since)")
     return view
 
 
-def pad_views(views: Sequence[RoleView], advantages: np.ndarray, pad_id: int, length: int | None = None) -> RoleBatch:
+def pad_views(views: Sequence[RoleView], advantages: np.ndarray, pad_id: int,
+              length: int | None = None) -> RoleBatch:
     """Right-pad views to `length` (default: the longest, rounded up to LENGTH_MULTIPLE)."""
     longest = max(len(v.ids) for v in views)
     length = length or -(-longest // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
@@ -52,8 +52,9 @@ def pad_views(views: Sequence[RoleView], advantages: np.ndarray, pad_id: int, le
         n = len(view.ids)
         tokens[row, :n], mask[row, :n], logprobs[row, :n] = view.ids, view.loss_mask, view.logprobs
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), tokens.shape)
-    return RoleBatch(tokens=jnp.asarray(tokens), positions=jnp.asarray(positions), loss_mask=jnp.asarray(mask),
-                     old_logprobs=jnp.asarray(logprobs), advantages=jnp.asarray(advantages, jnp.float32))
+    return RoleBatch(tokens=jnp.asarray(tokens), positions=jnp.asarray(positions),
+                     loss_mask=jnp.asarray(mask), old_logprobs=jnp.asarray(logprobs),
+                     advantages=jnp.asarray(advantages, jnp.float32))
 
 
 def population_batch(env: Environment, episodes: Sequence[Episode], role: str,

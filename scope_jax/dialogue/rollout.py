@@ -1,9 +1,10 @@
 """The batched turn loop: agent and simulators take turns over a whole batch of episodes.
 
 Each turn, every unfinished episode's speaker gets its prompt (its token view with a generation prompt)
-and one jitted `generate` call per model samples all of their replies at once; finished episodes are
-simply not in the call. The environment then sees each reply (tool calls, end signals). Text handling
-runs on the host between turns; everything a model computes runs on the device.
+and one jitted `generate` call per model samples all of their replies at once (rows spread over the
+player's mesh, if it has one); finished episodes are simply not in the call. The environment then sees
+each reply (tool calls, end signals). Text handling runs on the host between turns; everything a model
+computes runs on the device.
 
 How the simulator side speaks is a `SimTurn`, chosen by the simulator mode:
   members_turn      each simulator voices its own episodes (one simulator, rotation over models)
@@ -20,6 +21,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 from transformers import PreTrainedTokenizerBase
 
 from scope_jax.dialogue.episode import AGENT, SIM, Episode, Message
@@ -38,7 +40,8 @@ class Player:
     """A model that plays a role: its architecture, parameters, tokenizer and sampling settings.
 
     max_context: longest prompt (tokens) it may be given; an episode whose next prompt is longer ends
-    with reason "context_limit". For a population, params carry a leading member axis.
+    with reason "context_limit". For a population, params carry a leading member axis. mesh: when set,
+    each generate call spreads its rows over the mesh's (data, fsdp) axes (see `scope_jax.sampling`).
     """
 
     graphdef: nnx.GraphDef
@@ -46,6 +49,7 @@ class Player:
     tokenizer: PreTrainedTokenizerBase
     sampling: SamplingConfig
     max_context: int = 2048
+    mesh: Mesh | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +103,8 @@ def sample_replies(player: Player, prompts: Sequence[Sequence[int]], key: jax.Ar
     """One batched generate call for `prompts` (token id lists)."""
     sampling = sampling or player.sampling
     tokens, lengths = _padded(prompts, sampling.pad_token_id)
-    return _samples(generate(player.graphdef, player.params, tokens, lengths, key, sampling), len(prompts))
+    return _samples(generate(player.graphdef, player.params, tokens, lengths, key, sampling, player.mesh),
+                    len(prompts))
 
 
 def reply_text(tokenizer: PreTrainedTokenizerBase, sample: Sample) -> str:
@@ -154,7 +159,8 @@ def population_turn(player: Player, population: int) -> SimTurn:
         padded = [_padded([p for _, p in members], player.sampling.pad_token_id, rows, width)
                   for members in by_member]
         tokens, lengths = map(np.stack, zip(*padded))
-        out = generate_population(player.graphdef, player.params, tokens, lengths, key, player.sampling)
+        out = generate_population(player.graphdef, player.params, tokens, lengths, key, player.sampling,
+                                  player.mesh)
         for member, members in enumerate(by_member):
             samples = _samples(jax.tree.map(lambda x: x[member], out), len(members))
             for (episode, prompt), sample in zip(members, samples):
@@ -172,7 +178,8 @@ def verbalized_turn(player: Player, sampler: VerbalizedSampler, max_new_tokens: 
     verbalize = dataclasses.replace(player.sampling, max_new_tokens=max_new_tokens)
 
     def turn(env: Environment, episodes: list[Episode], key: jax.Array) -> None:
-        def replies(system_prompts: list[str], rows: list[int], sampling: SamplingConfig, subkey) -> list[str]:
+        def replies(system_prompts: list[str], rows: list[int], sampling: SamplingConfig,
+                    subkey: jax.Array) -> list[str]:
             views = [role_view(player.tokenizer, system, episodes[r].messages, SIM,
                                add_generation_prompt=True).ids for system, r in zip(system_prompts, rows)]
             return [reply_text(player.tokenizer, s) for s in sample_replies(player, views, subkey, sampling)]

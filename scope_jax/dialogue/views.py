@@ -4,9 +4,14 @@ A role sees the dialogue through its own tokenizer and chat template: its system
 messages as "assistant" turns and everything else it may see as "user" turns (so the simulator sees the
 roles flipped). The view is built piece by piece: the template's own text between message contents
 is tokenised on its own, the other side's text is tokenised as text, and the role's own messages are
-the exact ids it sampled. Nothing a model generated is ever re-tokenised, and because the prompt of
-every turn is built the same way, it is a prefix of the final view the role trains on (checked when
-the batch is built).
+the exact ids it sampled. Nothing a model generated is ever re-tokenised.
+
+The view grows turn by turn, as the role saw it: the template text up to each of its own messages comes
+from the template rendered at that point with a generation prompt (the prompt it sampled from), and only
+what follows its last message from the current rendering. So every prompt is a prefix of the later
+views by construction (checked again when the batch is built), also with templates that render earlier
+turns differently once later turns exist: Qwen3's drops the (empty) think block of the generation prompt
+from past assistant turns, which a single rendering of the whole dialogue would silently rewrite.
 """
 
 from __future__ import annotations
@@ -40,9 +45,9 @@ def role_view(tokenizer: PreTrainedTokenizerBase, system_prompt: str, messages: 
               add_generation_prompt: bool) -> RoleView:
     """The token view of `me` ("agent" or "sim"); with `add_generation_prompt` it is the prompt of me's
     next turn."""
+    chat = chat_messages(system_prompt, messages, me)
     shown = [m for m in messages if me in m.visible_to]
-    pieces = template_pieces(tokenizer, chat_messages(system_prompt, messages, me),
-                             add_generation_prompt=add_generation_prompt)
+    contents: list[Message | str] = [system_prompt, *shown]  # chat[i]'s content, a Message for turns
     encode = lambda text: list(tokenizer(text, add_special_tokens=False).input_ids) if text else []
     ids, mask, logprobs = [], [], []
     pending_stop: tuple[int, float] | None = None  # the previous own message's sampled stop token
@@ -64,16 +69,28 @@ def role_view(tokenizer: PreTrainedTokenizerBase, system_prompt: str, messages: 
             pending_stop = None
         extend(template)
 
-    add_template(pieces[0])
-    extend(encode(system_prompt))
-    for message, template_before in zip(shown, pieces[1:-1]):
-        add_template(template_before)
-        if message.role == me and message.sampled_ids is not None:
-            sampled, lps = list(message.sampled_ids), list(message.logprobs)
-            content = len(sampled) - 1 if message.stopped else len(sampled)
-            extend(sampled[:content], lps[:content])
-            pending_stop = (sampled[-1], lps[-1]) if message.stopped else None
+    def add_content(content: Message | str) -> None:
+        nonlocal pending_stop
+        if isinstance(content, Message) and content.role == me and content.sampled_ids is not None:
+            sampled, lps = list(content.sampled_ids), list(content.logprobs)
+            end = len(sampled) - 1 if content.stopped else len(sampled)
+            extend(sampled[:end], lps[:end])
+            pending_stop = (sampled[-1], lps[-1]) if content.stopped else None
         else:
-            extend(encode(message.text))
-    add_template(pieces[-1])
+            extend(encode(content.text if isinstance(content, Message) else content))
+
+    # Segments end at each own message (rendered up to it, with the generation prompt it was sampled
+    # after) and at the end of the chat (rendered as asked).
+    ends = [i for i, content in enumerate(contents) if isinstance(content, Message) and content.role == me]
+    start = 0  # the first chat message whose template text is not in the view yet
+    for end in ends + [len(chat)]:
+        pieces = template_pieces(tokenizer, chat[:end],
+                                 add_generation_prompt=end < len(chat) or add_generation_prompt)
+        for i in range(start, end):
+            add_template(pieces[i])
+            add_content(contents[i])
+        add_template(pieces[end])
+        if end < len(chat):
+            add_content(contents[end])
+        start = end + 1
     return RoleView(tuple(ids), tuple(mask), tuple(logprobs))

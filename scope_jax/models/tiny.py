@@ -16,16 +16,18 @@ SPECIAL_TOKENS = ("<pad>", "<unk>", "<|im_start|>", "<|im_end|>")
 TEMPLATE_WORDS = ("system", "user", "assistant")
 
 
-def word_tokenizer(words: tuple[str, ...]) -> PreTrainedTokenizerFast:
+def word_tokenizer(words: tuple[str, ...], chat_template: str = CHATML_TEMPLATE) -> PreTrainedTokenizerFast:
     """Whitespace-split word-level tokenizer over SPECIAL_TOKENS + TEMPLATE_WORDS + `words`, with a
-    ChatML chat template; <|im_end|> is the end-of-turn (eos) token and <pad> is id 0."""
-    vocab = {token: i for i, token in enumerate(dict.fromkeys(SPECIAL_TOKENS + TEMPLATE_WORDS + tuple(words)))}
+    ChatML chat template (or `chat_template`, whose own words must be among `words`); <|im_end|> is the
+    end-of-turn (eos) token and <pad> is id 0."""
+    tokens = dict.fromkeys(SPECIAL_TOKENS + TEMPLATE_WORDS + tuple(words))
+    vocab = {token: i for i, token in enumerate(tokens)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with single spaces
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>",
                                    eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"])
-    fast.chat_template = CHATML_TEMPLATE
+    fast.chat_template = chat_template
     return fast
 
 

@@ -1,4 +1,5 @@
-"""Tokenizer access: load a local tokenizer; a chat template's own text; exact token spans of messages."""
+"""Tokenizer access: load a local tokenizer; thinking off by default; a chat template's own text; exact token
+spans of messages."""
 
 from __future__ import annotations
 
@@ -14,6 +15,27 @@ _MARKER = "\ue000{}\ue001"
 def load_tokenizer(folder: str) -> PreTrainedTokenizerBase:
     """The tokenizer saved in a local folder (tokenizer.json + tokenizer_config.json); never the network."""
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+# Prepended to a template that reads `enable_thinking` (Qwen3's): false unless the caller passes it.
+# Jinja's `if` opens no scope, so the `set` holds for the whole template.
+THINKING_OFF = "{%- if enable_thinking is not defined %}{%- set enable_thinking = false %}{%- endif %}"
+
+
+def without_thinking(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """`tokenizer` (changed in place) with its chat template's thinking off by default.
+
+    Qwen3's template lets the model open a `<think>` block after the generation prompt unless
+    `apply_chat_template(..., enable_thinking=False)` is passed; its reasoning is plain text to the
+    other role, and the template renders past turns without it. With the default set here the
+    generation prompt closes an empty think block (`<think>\\n\\n</think>\\n\\n`) and the model answers
+    directly; passing `enable_thinking=True` still turns thinking on. Templates that do not read
+    `enable_thinking` are left as they are.
+    """
+    template = tokenizer.chat_template
+    if isinstance(template, str) and "enable_thinking" in template and not template.startswith(THINKING_OFF):
+        tokenizer.chat_template = THINKING_OFF + template
+    return tokenizer
 
 
 def chat_token_spans(tokenizer: PreTrainedTokenizerBase, messages: list[dict], *,

@@ -65,9 +65,13 @@ def default_config() -> ml_collections.ConfigDict:
     # The settings of every environment; each takes those its class has (see make_env).
     c.env = ml_collections.ConfigDict({"name": "target_word", "max_turns": 2,
                                        "data_dir": "../shared/data/p4g"})
-    c.agent = ml_collections.ConfigDict({"model": "tiny:0", "dtype": "float32", "max_context": 512})
+    # dtype and max_context hold for every model; remat (recompute each layer in the backward pass: less
+    # activation memory, about a third more compute) for the agent's model, and in self-play both roles'.
+    c.agent = ml_collections.ConfigDict({"model": "tiny:0", "dtype": "float32", "max_context": 512,
+                                         "remat": False})
     c.sim = ml_collections.ConfigDict({
         "mode": "frozen",          # see SIM_MODES
+        "remat": False,            # remat for the simulator models (it matters where they train)
         "model": "tiny:1",         # population member p is "tiny:SEED+p" for tiny specs, else the same model
         "population": 1,           # P, for mode population
         "models": ("tiny:1", "tiny:2"),  # the frozen simulators of mode rotation
@@ -165,28 +169,32 @@ class Setup:
     state: joint.JointState
     train_step: Any
     step_config: TrainStepConfig
+    mesh: jax.sharding.Mesh  # every player's parameters sit on it, and its generate calls shard rows over it
 
 
 def build(config: ml_collections.ConfigDict) -> Setup:
     env = make_env(config.env)
     words = getattr(env, "vocabulary", ())
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
 
-    def player(spec: str) -> Player:
-        graphdef, params, tokenizer = load_model(spec, words=words, dtype=config.agent.dtype)
+    def player(spec: str, remat: bool = False) -> Player:
+        graphdef, params, tokenizer = load_model(spec, words=words, dtype=config.agent.dtype, remat=remat,
+                                                 mesh=mesh)
         sampling = SamplingConfig(
             temperature=config.sampling.temperature, top_k=config.sampling.top_k, top_p=config.sampling.top_p,
             max_new_tokens=config.sampling.max_new_tokens, stop_token_ids=(tokenizer.eos_token_id,),
             pad_token_id=tokenizer.pad_token_id or 0)
-        return Player(graphdef, params, tokenizer, sampling, config.agent.max_context)
+        return Player(graphdef, params, tokenizer, sampling, config.agent.max_context, mesh)
 
     mode = config.sim.mode
-    agent = player(config.agent.model)
+    agent = player(config.agent.model, config.agent.remat)
     params = {"agent": agent.params}
     sim, rotation = None, []
     if mode == "rotation":
-        rotation = [player(spec) for spec in config.sim.models]
+        rotation = [player(spec, config.sim.remat) for spec in config.sim.models]
     elif mode != "selfplay":
-        members = [player(_member_spec(config.sim.model, p)) for p in range(config.sim.population)]
+        members = [player(_member_spec(config.sim.model, p), config.sim.remat)
+                   for p in range(config.sim.population)]
         params["sims"] = joint.stack_population([m.params for m in members])
         sim = dataclasses.replace(members[0], params=params["sims"])
     eval_sims = [player(spec) for spec in config.eval.sim_models]
@@ -208,8 +216,8 @@ def build(config: ml_collections.ConfigDict) -> Setup:
     if mode == "verbalized":
         verbalizer = VerbalizedSampler(VerbalizedConfig(
             **{k: v for k, v in config.verbalized.items() if k != "max_new_tokens"}))
-    return Setup(env, agent, sim, rotation, eval_sims, verbalizer, config.verbalized.max_new_tokens, state, step,
-                 step_config)
+    return Setup(env, agent, sim, rotation, eval_sims, verbalizer, config.verbalized.max_new_tokens, state,
+                 step, step_config, mesh)
 
 
 def _member_spec(spec: str, member: int) -> str:
@@ -354,7 +362,7 @@ def train(config: ml_collections.ConfigDict, run_dir: RunDir) -> tuple[joint.Joi
     """Run (or resume) training into `run_dir`; returns the final state and the last logged metrics."""
     setup = build(config)
     state = setup.state
-    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    mesh = setup.mesh
     ckpt = Checkpointer(run_dir.path / "checkpoints", run_fingerprint(config))
     start, skips = 0, 0
     if ckpt.latest_step() is not None:

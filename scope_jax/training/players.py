@@ -2,31 +2,45 @@
 
 A spec is "tiny:SEED" (a tiny random word-level model over the environment's vocabulary), an HF folder,
 a .gguf file, or a known name such as "smollm2-135m-instruct" (see scope_jax.models.from_pretrained).
+Every player's chat template runs with thinking off (see `scope_jax.models.tokenizer.without_thinking`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
 
-from scope_jax.models import init
+from scope_jax import sharding
+from scope_jax.models import PARTITION_RULES, from_pretrained, init
+from scope_jax.models.hf import TOKENIZER_FILES
 from scope_jax.models.tiny import tiny_config, word_tokenizer
+from scope_jax.models.tokenizer import without_thinking
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def load_model(spec: str, *, words: tuple[str, ...] = (), dtype: str = "float32") -> tuple[nnx.GraphDef, Any, Any]:
-    """(graphdef, params, tokenizer) of a model spec."""
+def load_model(spec: str, *, words: tuple[str, ...] = (), dtype: str = "float32", remat: bool = False,
+               mesh: Mesh | None = None) -> tuple[nnx.GraphDef, Any, Any]:
+    """(graphdef, params, tokenizer) of a model spec.
+
+    remat: recompute each layer in the backward pass (a property of the graphdef: less activation
+    memory for a model that trains, no effect on generation). mesh: place the parameters on their
+    shardings from `PARTITION_RULES` over it (default: the default device).
+    """
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
     if spec.startswith("tiny:"):
         tokenizer = word_tokenizer(words)
         graphdef, params = init(tiny_config(len(tokenizer)), seed=int(spec.split(":", 1)[1]),
-                                param_dtype=DTYPES[dtype])
-        return graphdef, params, tokenizer
-    from scope_jax.models import from_pretrained
-
-    _, (graphdef, params), tokenizer = from_pretrained(spec, dtype=DTYPES[dtype])
-    return graphdef, params, tokenizer
+                                param_dtype=DTYPES[dtype], remat=remat)
+        if mesh is not None:
+            params = jax.device_put(params, sharding.named_shardings(params, PARTITION_RULES, mesh))
+    else:
+        _, (graphdef, params), tokenizer = from_pretrained(spec, dtype=DTYPES[dtype], mesh=mesh, remat=remat)
+        if tokenizer is None:
+            raise ValueError(f"{spec} has no tokenizer ({' / '.join(TOKENIZER_FILES)}); a player needs one")
+    return graphdef, params, without_thinking(tokenizer)

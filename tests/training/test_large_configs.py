@@ -1,6 +1,7 @@
 """The larger-model configs keep running: one training step of each Qwen3 size on a tiny random checkpoint of
-the same architecture (the real GQA ratio and head_dim / (hidden / heads) ratio, tiny sizes), saved as an HF
-folder like the released ones and loaded through the config's own model keys."""
+the same architecture (the real GQA ratio and head_dim / (hidden / heads) ratio, tiny sizes) with Qwen3's chat
+template, saved as an HF folder like the released ones and loaded through the config's own model keys (with
+remat, thinking off)."""
 
 import dataclasses
 import json
@@ -12,8 +13,11 @@ from experiments.configs import p4g_qwen3
 from experiments.run import prepare
 from scope_jax.models import init, save_pretrained
 from scope_jax.models.tiny import word_tokenizer
+from scope_jax.models.tokenizer import THINKING_OFF
 from scope_jax.training import loop
+from scope_jax.training.players import load_model
 from scope_jax.training.run_dir import RunDir
+from tests.dialogue.test_qwen3_template import QWEN3_TEMPLATE, THINK
 from tests.envs.test_p4g import _row, write_info
 
 
@@ -27,9 +31,9 @@ def tiny_like(arch, vocab_size: int):
 def test_memory_estimate_counts_the_state():
     arch = p4g_qwen3.ARCHITECTURES["0.6b"]
     assert arch.num_params == pytest.approx(0.596e9, rel=1e-3)  # Qwen3-0.6B as released
-    one = p4g_qwen3.memory_per_device(arch, trained=1, frozen=0, unsharded=0)
+    one = p4g_qwen3.memory_per_device(arch, trained=1, frozen=0)
     assert one.state == arch.num_params * 2 * 4  # bf16 params, gradient, two AdamW moments
-    sharded = p4g_qwen3.memory_per_device(arch, trained=1, frozen=0, unsharded=0, shards=8)
+    sharded = p4g_qwen3.memory_per_device(arch, trained=1, frozen=0, shards=8)
     assert sharded.state == one.state / 8 and sharded.activations == one.activations
     assert one.activations_remat < one.activations
 
@@ -38,7 +42,8 @@ def test_memory_estimate_counts_the_state():
 @pytest.mark.parametrize("size", sorted(p4g_qwen3.ARCHITECTURES))
 def test_one_training_step_on_a_tiny_checkpoint(tmp_path, size):
     arch = p4g_qwen3.ARCHITECTURES[size]
-    tokenizer = word_tokenizer(("I", "will", "donate", "$1", "no", "thanks", "hello"))
+    tokenizer = word_tokenizer(THINK + ("I", "will", "donate", "$1", "no", "thanks", "hello"),
+                               chat_template=QWEN3_TEMPLATE)
     tiny = tiny_like(arch, len(tokenizer))
     assert tiny.num_heads // tiny.num_kv_heads == arch.num_heads // arch.num_kv_heads
     ratio = lambda c: c.head_dim * c.num_heads / c.hidden_size  # head_dim / (hidden / heads)
@@ -47,6 +52,8 @@ def test_one_training_step_on_a_tiny_checkpoint(tmp_path, size):
     save_pretrained(params, tiny, tokenizer, tmp_path / "model")
 
     config = p4g_qwen3.get_config(str(tmp_path / "model"))
+    assert config.agent.remat and config.sim.remat
+    assert load_model(config.agent.model)[2].chat_template == THINKING_OFF + QWEN3_TEMPLATE
     config.env.update(data_dir=str(write_info(tmp_path / "data", [_row(f"u{i}") for i in range(8)])),
                       max_turns=1)
     config.sampling.max_new_tokens = 4
@@ -57,8 +64,9 @@ def test_one_training_step_on_a_tiny_checkpoint(tmp_path, size):
     with RunDir.create(tmp_path / "run", config) as run_dir:
         state, metrics = loop.train(config, run_dir)
     assert int(state.step) == 1 and metrics["skipped"] == 0.0 and np.isfinite(metrics["loss"])
-    # (tiny random models never name an amount: every reward is 0, so the gradient is 0 too)
     assert np.isfinite(metrics["agent/entropy"]) and "heldout_reward" in metrics
     lines = (tmp_path / "run" / "samples" / "step-0.jsonl").read_text().splitlines()
     samples = [json.loads(line) for line in lines]
-    assert len(samples) == 2 and samples[0]["messages"][-2]["role"] == "env"  # the closing question
+    assert len(samples) == 2
+    for sample in samples:  # a persuadee that named no amount was asked the closing question and answered
+        assert sample["rewards"]["stated"] or [m["role"] for m in sample["messages"]][-2:] == ["env", "sim"]
