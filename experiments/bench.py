@@ -374,14 +374,13 @@ def bench_rl_step(args: argparse.Namespace) -> float:
     from flax import nnx
 
     from experiments.configs.target_word import get_config
-    from scope_jax import sharding
     from scope_jax.training import loop
     from scope_jax.training import state as joint
     from scope_jax.training.train_step import compile_train_step
 
     config = get_config(args.mode)
     setup = loop.build(config)
-    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    mesh = setup.mesh
     state = jax.device_put(setup.state, joint.state_shardings(setup.state, mesh))
     # (model config, parameter count) of each role's model, read before the update donates the params.
     models_by_role = {"agent": (nnx.merge(setup.agent.graphdef, setup.agent.params).config,
