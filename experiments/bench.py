@@ -165,8 +165,12 @@ def bench_sampler(args: argparse.Namespace) -> float:
             agree = float(np.mean(np.asarray(ours_out.tokens)[:, :8] == ref_tokens[:, :8]))
             ratio = best["torch"] / best["ours"]
             step_ms = (best["ours"] - best["prefill"]) / (new - 1) * 1e3
+            # Forward FLOPs (a third of train_flops); a decode step's attention over the cache is not counted.
+            prefill_gflops = train_flops(model_config, batch, prompt_len) / 3 / best["prefill"] / 1e9
+            decode_gflops = train_flops(model_config, batch, 1) / 3 / step_ms * 1e3 / 1e9
             rows.append((name, batch, batch * new / best["ours"], batch * new / best["torch"], threads, ratio,
-                         best["prefill"], step_ms, read_s * 1e3, first - warm, agree))
+                         best["prefill"], prefill_gflops, step_ms, decode_gflops, read_s * 1e3, first - warm,
+                         agree))
             print(f"  {name} batch {batch}: ours {best['ours']:.2f}s, torch {best['torch']:.2f}s "
                   f"({threads} threads), ratio {ratio:.2f}", flush=True)
             if name == "SmolLM2-135M" and batch == 16 or headline is None:
@@ -174,12 +178,16 @@ def bench_sampler(args: argparse.Namespace) -> float:
     print(f"\nsampler: greedy, prompt {prompt_len}, {new} new tokens, best of {args.repeats} alternating "
           "warm runs")
     print(f"{'model':<14}{'batch':>6}{'ours tok/s':>11}{'torch tok/s':>12}{'threads':>8}{'ratio':>7}"
-          f"{'prefill s':>10}{'decode ms/tok':>14}{'read weights ms':>16}{'compile s':>10}{'same 8 tok':>11}")
-    for name, batch, ours_tps, ref_tps, threads, ratio, prefill, step_ms, read_ms, compile_s, agree in rows:
+          f"{'prefill s':>10}{'GFLOP/s':>8}{'decode ms/tok':>14}{'GFLOP/s':>8}{'read weights ms':>16}"
+          f"{'compile s':>10}{'same 8 tok':>11}")
+    for (name, batch, ours_tps, ref_tps, threads, ratio, prefill, prefill_gflops, step_ms, decode_gflops,
+         read_ms, compile_s, agree) in rows:
         print(f"{name:<14}{batch:>6}{ours_tps:>11.0f}{ref_tps:>12.0f}{threads:>8}{ratio:>7.2f}"
-              f"{prefill:>10.2f}{step_ms:>14.1f}{read_ms:>16.1f}{compile_s:>10.1f}{agree:>11.2f}")
-    print("decode ms/tok: one decode step for the whole batch; read weights ms: one pass over all parameters "
-          "(the memory-bound floor of a step); threads: torch's faster setting at the time")
+              f"{prefill:>10.2f}{prefill_gflops:>8.0f}{step_ms:>14.1f}{decode_gflops:>8.0f}{read_ms:>16.1f}"
+              f"{compile_s:>10.1f}{agree:>11.2f}")
+    print("decode ms/tok: one decode step for the whole batch; GFLOP/s: forward matmul FLOPs per second of "
+          "the prefill and of a decode step (a decode step's matmuls have only `batch` rows); read weights "
+          "ms: one pass over all parameters (a memory-bound step's floor); threads: torch's faster setting")
     return headline
 
 
