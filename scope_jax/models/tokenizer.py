@@ -4,6 +4,7 @@ spans of messages."""
 from __future__ import annotations
 
 import bisect
+import weakref
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -93,12 +94,27 @@ def _token_boundary(starts: list[int], offsets: list[tuple[int, int]], char: int
     return index
 
 
+# tokenizer -> {(template, add_generation_prompt, what each message shows besides its content): pieces}
+_PIECES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def template_pieces(tokenizer: PreTrainedTokenizerBase, messages: list[dict], *,
                     add_generation_prompt: bool = False) -> list[str]:
     """The chat template's own text around the message contents: len(messages) + 1 strings, so that
     pieces[0] + c0 + pieces[1] + c1 + ... + pieces[-1] is the rendering with contents c0, c1, ... inserted
     verbatim. Contents are never seen by the template (each is replaced by a unique marker), so the pieces
-    do not depend on them."""
+    do not depend on them, and they are cached by everything else: role views render the template once
+    per own turn of every episode, and jinja rendering is most of their cost."""
+    shape = tuple(repr(sorted((k, v) for k, v in m.items() if k != "content")) for m in messages)
+    cache = _PIECES.setdefault(tokenizer, {})
+    key = (tokenizer.chat_template, add_generation_prompt, shape)
+    if key not in cache:
+        cache[key] = tuple(_render_pieces(tokenizer, messages, add_generation_prompt))
+    return list(cache[key])
+
+
+def _render_pieces(tokenizer: PreTrainedTokenizerBase, messages: list[dict],
+                   add_generation_prompt: bool) -> list[str]:
     markers = [_MARKER.format(i) for i in range(len(messages))]
     marked = tokenizer.apply_chat_template([dict(message, content=marker) for message, marker in
                                             zip(messages, markers)],

@@ -55,7 +55,17 @@ def test_template_pieces_do_not_depend_on_contents():
     pieces = template_pieces(tokenizer, CHAT, add_generation_prompt=True)
     assert pieces == ["<system>", "\n<user>", "\n<assistant>", "\n<user>", "\n<assistant>"]
     other = [dict(message, content="xyz") for message in CHAT]
-    assert template_pieces(tokenizer, other, add_generation_prompt=True) == pieces
+    assert template_pieces(tiny_tokenizer(), other, add_generation_prompt=True) == pieces  # not cached
+
+
+def test_cached_pieces_follow_roles_flag_and_template():
+    tokenizer = tiny_tokenizer()
+    assert template_pieces(tokenizer, CHAT[:2]) == ["<system>", "\n<user>", "\n"]
+    assert template_pieces(tokenizer, CHAT[:2], add_generation_prompt=True)[-1] == "\n<assistant>"
+    swapped = [dict(CHAT[0], role="user"), dict(CHAT[1], role="assistant")]
+    assert template_pieces(tokenizer, swapped) == ["<user>", "\n<assistant>", "\n"]
+    tokenizer.chat_template = "[" + TINY_TEMPLATE
+    assert template_pieces(tokenizer, CHAT[:2]) == ["[<system>", "\n<user>", "\n"]
 
 
 def test_tiny_spans_values():
