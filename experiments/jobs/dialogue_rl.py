@@ -13,8 +13,9 @@ from scope_jax.training.run_dir import RunDir  # noqa: E402
 default_config = loop.default_config
 check = loop.check
 
-CURVES = (("reward", "train reward"), ("heldout_reward", "held-out reward"), ("agent/entropy", "agent entropy"),
-          ("agent/kl", "agent KL"), ("agent/clip_fraction", "clip fraction"), ("grad_norm", "grad norm"))
+CURVES = (("reward", "train reward"), ("heldout_reward", "held-out reward"),
+          ("agent/entropy", "agent entropy"), ("agent/kl", "agent KL"),
+          ("agent/clip_fraction", "clip fraction"), ("grad_norm", "grad norm"))
 
 
 def plot_curves(run_dir: RunDir) -> None:

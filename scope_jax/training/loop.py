@@ -81,7 +81,8 @@ def default_config() -> ml_collections.ConfigDict:
     })
     c.verbalized = ml_collections.ConfigDict(
         dict(dataclasses.asdict(VerbalizedConfig()), max_new_tokens=128))
-    c.sampling = ml_collections.ConfigDict({"temperature": 1.0, "top_k": 0, "top_p": 1.0, "max_new_tokens": 8})
+    c.sampling = ml_collections.ConfigDict({"temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                                            "max_new_tokens": 8})
     c.rollout = ml_collections.ConfigDict({"groups": 4, "group_size": 4})
     c.algo = ml_collections.ConfigDict({
         "advantage": "grpo", "epsilon_low": 0.2, "epsilon_high": 0.2, "dual_clip": 0.0,
@@ -106,15 +107,17 @@ def check(config: ml_collections.ConfigDict) -> None:
     if config.sim.mode != "population" and config.sim.population != 1:
         raise ConfigError("config key 'sim.population' must be 1 unless sim.mode is 'population'")
     if config.sim.objective not in ("shared", "adversarial"):
-        raise ConfigError(f"config key 'sim.objective' is {config.sim.objective!r}; one of shared, adversarial")
+        raise ConfigError(f"config key 'sim.objective' is {config.sim.objective!r}; "
+                          "one of shared, adversarial")
     if config.sim.rotation not in ("episode", "step"):
         raise ConfigError(f"config key 'sim.rotation' is {config.sim.rotation!r}; one of episode, step")
     if config.sim.assignment not in ("round_robin", "random"):
-        raise ConfigError(f"config key 'sim.assignment' is {config.sim.assignment!r}; one of round_robin, random")
+        raise ConfigError(f"config key 'sim.assignment' is {config.sim.assignment!r}; "
+                          "one of round_robin, random")
     episodes = config.rollout.groups * config.rollout.group_size
     if episodes % (simulator_count(config) * config.train.microbatches):
-        raise ConfigError("config key 'rollout.groups' x 'rollout.group_size' must be a multiple of the number "
-                          "of simulators x train.microbatches")
+        raise ConfigError("config key 'rollout.groups' x 'rollout.group_size' must be a multiple of the "
+                          "number of simulators x train.microbatches")
     try:
         VerbalizedConfig(**{k: v for k, v in config.verbalized.items() if k != "max_new_tokens"})
     except ValueError as e:
@@ -298,7 +301,8 @@ def transcript(env, episode: Episode) -> dict[str, Any]:
 
 
 def write_samples(run_dir: RunDir, env, step: int, episodes: list[Episode]) -> None:
-    """Transcripts of `episodes` to samples/step-STEP.jsonl (rewritten when a resumed run repeats the step)."""
+    """Transcripts of `episodes` to samples/step-STEP.jsonl (rewritten when a resumed run repeats the
+    step)."""
     folder = run_dir.path / "samples"
     folder.mkdir(exist_ok=True)
     lines = [json.dumps(transcript(env, e)) + "\n" for e in episodes]
@@ -398,7 +402,8 @@ def train(config: ml_collections.ConfigDict, run_dir: RunDir) -> tuple[joint.Joi
         step_metrics = jax.device_get(step_metrics)
         t4 = time.perf_counter()
         tokens = int(batch.agent.loss_mask.sum()) + (int(batch.sims.loss_mask.sum()) if batch.sims else 0)
-        metrics = {**episode_stats(episodes), **monitor.step_metrics(episodes, config.monitor.distinct_n), **_flatten(step_metrics),
+        metrics = {**episode_stats(episodes), **monitor.step_metrics(episodes, config.monitor.distinct_n),
+                   **_flatten(step_metrics),
                    **extra, "time/rollout": t1 - t0, "time/batch": t2 - t1, "time/update": t4 - t3,
                    "time/step": t4 - t0 - (t3 - t2), "tokens_per_s": tokens / (t4 - t3)}
         if setup.verbalizer is not None:

@@ -71,7 +71,8 @@ class RunDir:
                                  indent=2, sort_keys=True)
         if (path / SUMMARY).exists():
             if not overwrite:
-                raise RunDirError(f"{path} holds a finished run; pass --overwrite or choose another --workdir")
+                raise RunDirError(f"{path} holds a finished run; "
+                                  "pass --overwrite or choose another --workdir")
             shutil.rmtree(path)
         elif (path / CONFIG).exists() and (path / CONFIG).read_text() != config_json:
             if not overwrite:
@@ -161,4 +162,3 @@ class RunDir:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-

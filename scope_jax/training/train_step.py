@@ -72,7 +72,8 @@ def make_train_step(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef | N
         if train_sims:
             if config.self_play:
                 sim_params = jax.tree.map(lambda x: x[None], params["agent"])
-                sim_ref = jax.tree.map(lambda x: x[None], ref_params["agent"]) if "agent" in ref_params else None
+                sim_ref = (jax.tree.map(lambda x: x[None], ref_params["agent"]) if "agent" in ref_params
+                           else None)
                 graphdef = agent_graphdef
             else:
                 sim_params, sim_ref, graphdef = params["sims"], ref_params.get("sims"), sim_graphdef
@@ -124,8 +125,8 @@ def batch_shardings(batch: Batch, mesh: Mesh) -> Batch:
     agent = jax.tree.map(lambda x: sharding.batch_sharding(mesh, x.ndim), batch.agent)
     sims = None
     if batch.sims is not None:
-        sims = jax.tree.map(lambda x: NamedSharding(mesh, P(None, sharding.BATCH_AXES, *[None] * (x.ndim - 2))),
-                            batch.sims)
+        population_batch = lambda x: NamedSharding(mesh, P(None, sharding.BATCH_AXES, *[None] * (x.ndim - 2)))
+        sims = jax.tree.map(population_batch, batch.sims)
     return Batch(agent=agent, sims=sims)
 
 

@@ -48,7 +48,8 @@ def run_job(workdir: pathlib.Path, *overrides: str) -> subprocess.Popen:
 
 def records(workdir: pathlib.Path) -> list[dict]:
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
-    return [{k: r[k] for k in ("step", *DETERMINISTIC, "heldout_reward") if k in r} for r in map(json.loads, lines)]
+    keys = ("step", *DETERMINISTIC, "heldout_reward")
+    return [{k: r[k] for k in keys if k in r} for r in map(json.loads, lines)]
 
 
 @pytest.mark.slow
@@ -77,8 +78,9 @@ def test_finished_run_is_not_overwritten_and_another_config_is_refused(tmp_path)
     with RunDir.create(tmp_path / "run", config) as run_dir:
         loop.train(config, run_dir)
         run_dir.write_summary("done")
-    done = subprocess.run([sys.executable, "-m", "experiments.run", "--config=experiments/configs/target_word.py",
-                           f"--workdir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "experiments.run",
+                           "--config=experiments/configs/target_word.py", f"--workdir={tmp_path / 'run'}"],
+                          cwd=ROOT, capture_output=True, text=True)
     assert done.returncode != 0 and "finished run" in done.stderr
     (tmp_path / "run" / "summary.md").unlink()
     other = tiny_config(steps=2, eval_every=0, checkpoint_every=1)

@@ -69,8 +69,8 @@ def test_frozen_simulator_is_bit_identical_and_agent_moves(tiny_models):
         state, _ = run(state, batch)
     for before, after in zip(jax.tree.leaves(sims_before), jax.tree.leaves(state.params["sims"])):
         assert np.array_equal(before, np.asarray(after)) and before.dtype == after.dtype
-    moved = [not np.array_equal(b, np.asarray(a)) for b, a in zip(jax.tree.leaves(agent_before),
-                                                                    jax.tree.leaves(state.params["agent"]))]
+    moved = [not np.array_equal(b, np.asarray(a))
+             for b, a in zip(jax.tree.leaves(agent_before), jax.tree.leaves(state.params["agent"]))]
     assert all(moved)
 
 
