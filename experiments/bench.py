@@ -18,7 +18,7 @@ ever makes a run slower, and alternating exposes both sides to the same load.
   collapse    see `bench_collapse`.
   rl_step     one RL step of the target-word example config (experiments/configs/target_word.py, tiny
               random agent and simulator; --mode picks the simulator mode), run through the host loop's
-              own functions: time split into rollout, reward (+ group advantages), batch building,
+              own functions: time split into rollout (reward timed on its own), advantages, batch building,
               log-prob recomputation and update, compile time apart; the update's GFLOP/s against this
               machine's float32 matmul peak. Its reference is the peak: ratio=<achieved/peak>. The phases
               and the peak's matmul alternate in the same warm rounds (the update donates the state, so
@@ -377,8 +377,9 @@ def recompute_logprobs(setup, params: Any, batch: Any) -> dict[str, jax.Array]:
 @benchmark
 def bench_rl_step(args: argparse.Namespace) -> float:
     """One RL step of the target-word example config (`experiments/configs/target_word.py:MODE`, tiny
-    random agent and simulator) through the host loop's own functions, split into rollout, reward, batch,
-    log-prob recomputation and update; the update's GFLOP/s against the measured matmul peak (headline)."""
+    random agent and simulator) through the host loop's own functions, split into rollout (its reward part
+    timed on its own), advantages, batch, log-prob recomputation and update; the update's GFLOP/s against
+    the measured matmul peak (headline)."""
     from flax import nnx
 
     from experiments.configs.target_word import get_config
@@ -414,20 +415,19 @@ def bench_rl_step(args: argparse.Namespace) -> float:
         state, metrics = step_fn(state, batch)
         return jax.device_get(metrics)
 
-    def reward():
-        for episode in episodes:
-            setup.env.rewards(episode)
-        return loop.role_advantages(setup, config, episodes)
-
-    phases = {  # name: (what it runs, whether the loop's step runs it)
-        "rollout": (lambda: loop.rollout_step(setup, config, sample_state, step)[2], True),
-        "reward": (reward, True),
-        "batch": (lambda: loop.views_batch(setup, config, episodes, advantages), True),
-        "logprobs": (lambda: jax.block_until_ready(recompute(state.params, batch)), False),
-        "update": (update, True),
+    # name: (what it runs, how it stands to the loop's step: one of its phases, a part of the rollout
+    # phase timed on its own, or extra work the loop does not do)
+    phases = {
+        "rollout": (lambda: loop.rollout_step(setup, config, sample_state, step)[2], "phase"),
+        "reward": (lambda: [setup.env.rewards(episode) for episode in episodes], "in rollout"),
+        "advantage": (lambda: loop.role_advantages(setup, config, episodes), "phase"),
+        "batch": (lambda: loop.views_batch(setup, config, episodes, advantages), "phase"),
+        "logprobs": (lambda: jax.block_until_ready(recompute(state.params, batch)), "extra"),
+        "update": (update, "phase"),
     }
     episodes = first_call("rollout", phases["rollout"][0])
-    advantages = first_call("reward", reward)
+    first_call("reward", phases["reward"][0])
+    advantages = first_call("advantage", phases["advantage"][0])
     batch = first_call("batch", phases["batch"][0])
     step_fn = compile_train_step(setup.train_step, state, batch, mesh)
     recompute = jax.jit(lambda params, batch: recompute_logprobs(setup, params, batch))
@@ -453,7 +453,7 @@ def bench_rl_step(args: argparse.Namespace) -> float:
                       f"({int(role_batch.loss_mask.sum())} trained), {count:,} parameters "
                       f"(hidden {model_config.hidden_size}, {model_config.num_layers} layers, "
                       f"vocab {model_config.vocab_size})")
-    loop_step = sum(best[name] for name, (_, in_loop) in phases.items() if in_loop)
+    loop_step = sum(best[name] for name, (_, kind) in phases.items() if kind == "phase")
     achieved = flops / best["update"] / 1e9
     print(f"\nrl_step: experiments/configs/target_word.py:{args.mode}, {config.rollout.groups} groups x "
           f"{config.rollout.group_size} episodes, {config.env.max_turns} turns per role, "
@@ -464,16 +464,18 @@ def bench_rl_step(args: argparse.Namespace) -> float:
     print(f"{'phase':<10}{'seconds':>9}{'of step':>9}{'compile s':>11}  what")
     what = {
         "rollout": "loop.rollout_step: scenarios, batched turns (jitted generate), env.rewards at the end",
-        "reward": "env.rewards on every episode again + loop.role_advantages (group advantages)",
+        "reward": "env.rewards on every episode: the end of the rollout, timed on its own",
+        "advantage": "loop.role_advantages: group advantages from the rewards",
         "batch": "loop.views_batch: each role's token views -> padded arrays",
         "logprobs": "NOT a loop phase here*: forward token_logprobs over the trained batch",
         "update": "the jitted train step (compile_train_step), state donated",
     }
-    for name, (_, in_loop) in phases.items():
-        share = f"{best[name] / loop_step:.0%}" if in_loop else f"+{best[name] / loop_step:.0%}"
+    for name, (_, kind) in phases.items():
+        share = {"phase": "{:.0%}", "in rollout": "({:.0%})", "extra": "+{:.0%}"}[kind].format(
+            best[name] / loop_step)
         compile_s = max(first[name] - best[name], 0.0)
         print(f"{name:<10}{best[name]:>9.4f}{share:>9}{compile_s:>11.2f}  {what[name]}")
-    print(f"{'step':<10}{loop_step:>9.4f}{'100%':>9}{'':>11}  rollout + reward + batch + update")
+    print(f"{'step':<10}{loop_step:>9.4f}{'100%':>9}{'':>11}  rollout + advantage + batch + update")
     kl = ", ".join(f"{role} kl_coef {getattr(setup.step_config, role).kl_coef}"
                    for role in ("agent", "sims") if getattr(setup.step_config, role) is not None)
     print(f"* old log-probs come from the sampler and the reference is kept only for kl_coef > 0 ({kl}); "
