@@ -14,7 +14,7 @@ falls back to direct sampling (counted as verbalized/fallback_rate); the mode do
 instruction-tuned simulator (experiments/configs/p4g_*.py) and in the collapse testbed's token language.
 """
 
-from scope_jax.training.loop import default_config
+from scope_jax.training.loop import TRAINED_SIM_MODES, default_config
 
 
 def get_config(mode: str = "frozen"):
@@ -22,7 +22,7 @@ def get_config(mode: str = "frozen"):
     config.sim.mode = mode
     if mode == "population":
         config.sim.population = 2
-    if mode in ("cotrain", "population", "selfplay"):
+    if mode in TRAINED_SIM_MODES:
         config.algo.sim_kl_coef = 0.1  # keep the co-trained simulator near its initial policy
     config.optimizer.learning_rate = 3e-3
     config.optimizer.sim_learning_rate = 3e-3

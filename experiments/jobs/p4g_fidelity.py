@@ -38,7 +38,7 @@ from scope_jax.dialogue.rollout import Player, SimTurn, members_turn, rollout, v
 from scope_jax.envs.p4g import CLOSING_QUESTION, P4GEnv, Persona  # noqa: E402
 from scope_jax.sampling import SamplingConfig  # noqa: E402
 from scope_jax.simulators.verbalized import VerbalizedConfig, VerbalizedSampler  # noqa: E402
-from scope_jax.training.loop import transcript  # noqa: E402
+from scope_jax.training.loop import transcript, verbalized_config  # noqa: E402
 from scope_jax.training.players import load_model  # noqa: E402
 from scope_jax.training.run_dir import RunDir  # noqa: E402
 
@@ -76,14 +76,10 @@ def check(config: ml_collections.ConfigDict) -> None:
     if config.dialogues % config.batch:
         raise ConfigError("config key 'dialogues' must be a multiple of 'batch'")
     try:
-        VerbalizedConfig(**_verbalized_settings(config))
+        verbalized_config(config)
         _env(config)
     except ValueError as e:  # P4GDataError included
         raise ConfigError(str(e)) from None
-
-
-def _verbalized_settings(config) -> dict:
-    return {k: v for k, v in config.verbalized.items() if k != "max_new_tokens"}
 
 
 def _env(config) -> P4GEnv:
@@ -193,7 +189,7 @@ def run(config, run_dir: RunDir) -> None:
     arms, transcripts = {}, []
     for arm in config.arms:
         print(f"arm {arm}", flush=True)
-        sampler = VerbalizedSampler(VerbalizedConfig(**_verbalized_settings(config)))
+        sampler = VerbalizedSampler(verbalized_config(config))
         sim_turn = (members_turn([simulator]) if arm == "direct" else
                     verbalized_turn(simulator, sampler, config.verbalized.max_new_tokens))
         start = time.perf_counter()
@@ -212,7 +208,7 @@ def run(config, run_dir: RunDir) -> None:
         arms[arm]["histogram"] = histogram(donations).tolist()
     results["arms"] = arms
     results["humans"]["histogram"] = histogram(humans).tolist()
-    (run_dir.path / "dialogues.jsonl").write_text("".join(json.dumps(t) + "\n" for t in transcripts))
+    run_dir.write_text("dialogues.jsonl", "".join(json.dumps(t) + "\n" for t in transcripts))
     run_dir.write_json("summary.json", results)
     plot(run_dir, results, config)
     run_dir.write_summary(summary(results, config, transcripts))

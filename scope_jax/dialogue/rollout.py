@@ -61,12 +61,12 @@ class Sample:
     stopped: bool
 
 
-def _prompts(player: Player, role: str, env: Environment, episodes: Sequence[Episode],
-             system_prompts: Sequence[str] | None = None) -> list[tuple[Episode, tuple[int, ...]]]:
+def _prompts(player: Player, role: str, env: Environment,
+             episodes: Sequence[Episode]) -> list[tuple[Episode, tuple[int, ...]]]:
     """(episode, prompt ids) of the episodes that still fit the context; the others end here."""
     live = []
-    for i, episode in enumerate(episodes):
-        system = system_prompts[i] if system_prompts else env.system_prompt(episode.scenario, role)
+    for episode in episodes:
+        system = env.system_prompt(episode.scenario, role)
         prompt = role_view(player.tokenizer, system, episode.messages, role, add_generation_prompt=True).ids
         if len(prompt) + player.sampling.max_new_tokens > player.max_context:
             episode.done, episode.end_reason = True, "context_limit"
@@ -159,8 +159,8 @@ def population_turn(player: Player, population: int) -> SimTurn:
         padded = [_padded([p for _, p in members], player.sampling.pad_token_id, rows, width)
                   for members in by_member]
         tokens, lengths = map(np.stack, zip(*padded))
-        out = generate_population(player.graphdef, player.params, tokens, lengths, key, player.sampling,
-                                  player.mesh)
+        out = jax.device_get(generate_population(player.graphdef, player.params, tokens, lengths, key,
+                                                 player.sampling, player.mesh))
         for member, members in enumerate(by_member):
             samples = _samples(jax.tree.map(lambda x: x[member], out), len(members))
             for (episode, prompt), sample in zip(members, samples):

@@ -257,7 +257,7 @@ def rollout(agent_graphdef: nnx.GraphDef, agent_params: Params, sim_graphdef: nn
     tokens, agent_mask, agent_logprobs, sim_mask, sim_logprobs, active, score = carry
     # The donation request closes every dialogue: forced after the last strategy (not a decision).
     tokens = tokens.at[:, L - 1].set(jnp.where(active, ASK_TOKEN, tokens[:, L - 1]))
-    rewards = jax.nn.sigmoid(1.5 * (score - 1.0))
+    rewards = jax.nn.sigmoid(personas.REWARD_SLOPE * (score - personas.REWARD_MIDPOINT))
     stats = {k: v.swapaxes(0, 1) for k, v in stats.items()}
     return Dialogues(tokens, agent_mask, agent_logprobs, by_member(sim_view(tokens)), by_member(sim_mask),
                      by_member(sim_logprobs), rewards, score, **stats)

@@ -132,9 +132,13 @@ History = Sequence[tuple[int, int]]  # (strategy, reply) pairs
 SimulatorFn = Callable[[History, int], np.ndarray]
 
 
+# reward = donation / 2 = sigmoid(REWARD_SLOPE (score - REWARD_MIDPOINT)); also traced in persona_lm.
+REWARD_SLOPE, REWARD_MIDPOINT = 1.5, 1.0
+
+
 def reward(score: np.ndarray | float) -> np.ndarray:
     """donation / 2 = sigmoid(1.5 (score - 1))."""
-    return 1.0 / (1.0 + np.exp(-1.5 * (np.asarray(score, dtype=np.float64) - 1.0)))
+    return 1.0 / (1.0 + np.exp(-REWARD_SLOPE * (np.asarray(score, dtype=np.float64) - REWARD_MIDPOINT)))
 
 
 def score(history: History) -> float:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scope_jax.algorithms import ADVANTAGES
+from scope_jax.algorithms import ADVANTAGES, token_mean
 from scope_jax.envs import persona_lm as lm
 from scope_jax.training.batch import Batch, RoleBatch
 from scope_jax.training.loss import LossConfig
@@ -71,11 +71,6 @@ class Snapshots(NamedTuple):
     sims: Any  # simulators' params [R, E, P, ...]
 
 
-def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    mask = mask.astype(jnp.float32)
-    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config: RLConfig, members: int):
     """run(agent [R], sims [R, P], ref_sims [R, P], cards [P], verbalized [], train_sims [], keys [R])
     -> (final JointState [R], StepLog [R, steps], Snapshots)."""
@@ -105,10 +100,10 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
         tried = d.replied & verbalized
         log = StepLog(
             reward=d.rewards.mean(), rewards=d.rewards, agent_entropy=metrics["agent/entropy"],
-            sampled_deviation=_masked_mean(1.0 - d.sim_pmax, d.replied),
+            sampled_deviation=token_mean(1.0 - d.sim_pmax, d.replied),
             early_ask=jnp.mean(d.tokens[:, -1] != lm.ASK_TOKEN),
-            vs_malformed=_masked_mean(d.malformed, tried),
-            vs_repaired=_masked_mean(d.repaired, d.verbalized),
+            vs_malformed=token_mean(d.malformed, tried),
+            vs_repaired=token_mean(d.repaired, d.verbalized),
             sim_kl=jnp.where(train_sims, jnp.mean(metrics["sims/kl"]), 0.0),
             skipped=metrics["skipped"])
         return state, log

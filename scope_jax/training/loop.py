@@ -19,6 +19,7 @@ Simulator modes (`sim.mode`) are configurations of this one loop and its one tra
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import logging
@@ -119,10 +120,16 @@ def check(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("config key 'rollout.groups' x 'rollout.group_size' must be a multiple of the "
                           "number of simulators x train.microbatches")
     try:
-        VerbalizedConfig(**{k: v for k, v in config.verbalized.items() if k != "max_new_tokens"})
+        verbalized_config(config)
     except ValueError as e:
         raise ConfigError(f"config group 'verbalized': {e}") from None
     make_env(config.env)  # a missing or malformed data file stops the run here, in one line
+
+
+def verbalized_config(config: ml_collections.ConfigDict) -> VerbalizedConfig:
+    """The `verbalized` group as a VerbalizedConfig (its max_new_tokens is the sampler's budget, not a
+    field of the config); raises ValueError on a bad setting."""
+    return VerbalizedConfig(**{k: v for k, v in config.verbalized.items() if k != "max_new_tokens"})
 
 
 def make_env(env_config: ml_collections.ConfigDict) -> envs.Environment:
@@ -217,8 +224,7 @@ def build(config: ml_collections.ConfigDict) -> Setup:
     step = make_train_step(agent.graphdef, sim_graphdef, optimizer, step_config)
     verbalizer = None
     if mode == "verbalized":
-        verbalizer = VerbalizedSampler(VerbalizedConfig(
-            **{k: v for k, v in config.verbalized.items() if k != "max_new_tokens"}))
+        verbalizer = VerbalizedSampler(verbalized_config(config))
     return Setup(env, agent, sim, rotation, eval_sims, verbalizer, config.verbalized.max_new_tokens, state,
                  step, step_config, mesh)
 
@@ -232,11 +238,25 @@ def _member_spec(spec: str, member: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class Players:
     """The current players: the agent, the simulator side's turn, and one simulator model (the first
-    member or rotated model) whose own reply distribution the collapse monitor probes."""
+    member or rotated model) whose own reply distribution the collapse monitor probes.
+
+    `sims` is that model, or with `stacked` a population [P, ...] whose first member it is: slicing a
+    member copies its parameters, so that waits until the monitor asks for `probe_sim`.
+    """
 
     agent: Player
     sim_turn: SimTurn
-    probe_sim: Player
+    sims: Player
+    stacked: bool = False
+
+    @functools.cached_property
+    def probe_sim(self) -> Player:
+        return first_member(self.sims) if self.stacked else self.sims
+
+
+def first_member(sims: Player) -> Player:
+    """Member 0 of a population player (params stacked [P, ...])."""
+    return dataclasses.replace(sims, params=jax.tree.map(lambda x: x[0], sims.params))
 
 
 def current_players(setup: Setup, state: joint.JointState) -> Players:
@@ -247,11 +267,11 @@ def current_players(setup: Setup, state: joint.JointState) -> Players:
     if setup.sim is None:  # self-play
         return Players(agent, members_turn([agent]), agent)
     sims = dataclasses.replace(setup.sim, params=state.params["sims"])
-    first = dataclasses.replace(sims, params=jax.tree.map(lambda x: x[0], sims.params))
     if setup.verbalizer is not None:
+        first = first_member(sims)
         return Players(agent, verbalized_turn(first, setup.verbalizer, setup.verbalizer_tokens), first)
     population = jax.tree.leaves(sims.params)[0].shape[0]
-    return Players(agent, population_turn(sims, population), first)
+    return Players(agent, population_turn(sims, population), sims, stacked=True)
 
 
 def make_episodes(env, config, step: int, split: str, groups: int) -> list[Episode]:
@@ -303,10 +323,8 @@ def transcript(env, episode: Episode) -> dict[str, Any]:
 def write_samples(run_dir: RunDir, env, step: int, episodes: list[Episode]) -> None:
     """Transcripts of `episodes` to samples/step-STEP.jsonl (rewritten when a resumed run repeats the
     step)."""
-    folder = run_dir.path / "samples"
-    folder.mkdir(exist_ok=True)
-    lines = [json.dumps(transcript(env, e)) + "\n" for e in episodes]
-    (folder / f"step-{step}.jsonl").write_text("".join(lines))
+    run_dir.write_text(f"samples/step-{step}.jsonl", "".join(json.dumps(transcript(env, e)) + "\n"
+                                                             for e in episodes))
 
 
 def role_advantages(setup: Setup, config, episodes: list[Episode]) -> dict[str, np.ndarray]:

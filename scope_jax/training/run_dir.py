@@ -139,11 +139,16 @@ class RunDir:
         plt.close(fig)
         return out
 
-    def write_json(self, name: str, obj: Any) -> pathlib.Path:
+    def write_text(self, name: str, text: str) -> pathlib.Path:
+        """Write the file `name` (a path inside the run directory; folders are made) from process 0."""
         out = self.path / name
         if self.primary:
-            out.write_text(json.dumps(_to_builtin(obj), indent=2, sort_keys=True))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
         return out
+
+    def write_json(self, name: str, obj: Any) -> pathlib.Path:
+        return self.write_text(name, json.dumps(_to_builtin(obj), indent=2, sort_keys=True))
 
     def write_summary(self, markdown: str) -> pathlib.Path:
         """Write summary.md; this marks the run as finished."""

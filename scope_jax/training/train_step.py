@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from scope_jax import sharding
 from scope_jax.training.batch import Batch, RoleBatch
@@ -125,8 +125,7 @@ def batch_shardings(batch: Batch, mesh: Mesh) -> Batch:
     agent = jax.tree.map(lambda x: sharding.batch_sharding(mesh, x.ndim), batch.agent)
     sims = None
     if batch.sims is not None:
-        population_batch = lambda x: NamedSharding(mesh, P(None, sharding.BATCH_AXES, *[None] * (x.ndim - 2)))
-        sims = jax.tree.map(population_batch, batch.sims)
+        sims = jax.tree.map(lambda x: sharding.batch_sharding(mesh, x.ndim, axis=1), batch.sims)
     return Batch(agent=agent, sims=sims)
 
 
