@@ -198,12 +198,13 @@ def verbalized_turn(player: Player, sampler: VerbalizedSampler, max_new_tokens: 
     return turn
 
 
-def rollout(env: Environment, episodes: list[Episode], agent: Player, sim_turn: SimTurn,
-            key: jax.Array) -> list[Episode]:
-    """Play new `episodes` to the end: the environment's opening messages, then `play` from turn 0."""
+def rollout(env: Environment, episodes: list[Episode], agent: Player, sim_turn: SimTurn | None,
+            key: jax.Array, last_turn: int | None = None) -> list[Episode]:
+    """Play new `episodes`: the environment's opening messages, then `play` from turn 0 (to the end, or
+    up to `last_turn`)."""
     for episode in episodes:
         episode.messages.extend(env.opening(episode.scenario))
-    return play(env, episodes, agent, sim_turn, key)
+    return play(env, episodes, agent, sim_turn, key, last_turn=last_turn)
 
 
 def play(env: Environment, episodes: list[Episode], agent: Player, sim_turn: SimTurn | None, key: jax.Array,

@@ -30,10 +30,10 @@ import numpy as np
 
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
 from scope_jax.envs.base import TurnResult
+from scope_jax.envs.p4g_stats import MAX_DONATION
 
 DEFAULT_DATA_DIR = "../shared/data/p4g"
 INFO_FILE = "FullData/full_info.csv"
-MAX_DONATION = 2.0
 
 BIG_FIVE = {  # column: (low-score description, high-score description); scale 1..5
     "extrovert": ("reserved", "outgoing"),

@@ -304,12 +304,17 @@ def collapsed_simulator(
     tables: np.ndarray = TABLES, persona: int = EMOTIONAL, temperature: float = 0.3, floor: float = 0.05
 ) -> np.ndarray:
     """A persona made agreeable (negative -> positive), then floor + (1 - U floor) softmax(log P / T)."""
-    agreeable = tables[persona].copy()
+    sharp = agreeable_sharpened(tables[persona], temperature)
+    return (floor + (1.0 - N_USER * floor) * sharp)[STATE_CONTEXT]
+
+
+def agreeable_sharpened(table: np.ndarray, temperature: float) -> np.ndarray:
+    """A reply table made agreeable (negative mass moved to positive), then sharpened: q^(1/T), normalised."""
+    agreeable = table.copy()
     agreeable[..., POSITIVE] += agreeable[..., NEGATIVE]
     agreeable[..., NEGATIVE] = 0.0
     sharp = agreeable ** (1.0 / temperature)
-    sharp /= sharp.sum(-1, keepdims=True)
-    return (floor + (1.0 - N_USER * floor) * sharp)[STATE_CONTEXT]
+    return sharp / sharp.sum(-1, keepdims=True)
 
 
 # ----------------------------------------------------------------------------------------------------

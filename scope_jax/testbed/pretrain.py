@@ -287,7 +287,7 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
     for r, seed in enumerate(seeds):
         for c, persona in enumerate(collapse_personas):
             rng = np.random.default_rng([seed, 3, persona])
-            target = collapse_targets(card_tables[r][c], config.collapse_temperature)
+            target = personas.agreeable_sharpened(card_tables[r][c], config.collapse_temperature)
             d = sample_dialogues(rng, n, UNIFORM, target[None], np.zeros(n, np.int64))
             population = sample_dialogues(rng, n_vs, UNIFORM, PERSONA_TABLES,
                                           rng.choice(len(personas.PERSONAS), n_vs, p=personas.PRIOR))
@@ -302,12 +302,3 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
     return Pretrained(agent, base, collapsed, heldout,
                       {"agent": agent_losses, "base": sim_losses[:R], "heldout": sim_losses[R:],
                        "collapse": collapse_losses.reshape(R, C)})
-
-
-def collapse_targets(table: np.ndarray, temperature: float) -> np.ndarray:
-    """A simulator table made agreeable (negative mass moved to positive), then sharpened: q^(1/T)."""
-    agreeable = table.copy()
-    agreeable[..., personas.POSITIVE] += agreeable[..., personas.NEGATIVE]
-    agreeable[..., personas.NEGATIVE] = 0.0
-    sharp = agreeable ** (1.0 / temperature)
-    return sharp / sharp.sum(-1, keepdims=True)

@@ -26,7 +26,7 @@ import numpy as np
 
 from scope_jax import diagnostics
 from scope_jax.dialogue.episode import AGENT, SIM, Episode
-from scope_jax.dialogue.rollout import Player, play, sample_replies
+from scope_jax.dialogue.rollout import Player, play, rollout, sample_replies
 from scope_jax.dialogue.views import role_view
 from scope_jax.envs.base import Environment
 
@@ -97,9 +97,7 @@ class Monitor:
 
     def _to_fork_point(self, episodes: list[Episode], agent: Player, key: jax.Array) -> list[Episode]:
         """Play new episodes up to (not including) their first simulator turn."""
-        for episode in episodes:
-            episode.messages.extend(self.env.opening(episode.scenario))
-        return play(self.env, episodes, agent, sim_turn=None, key=key, last_turn=first_sim_turn(self.env))
+        return rollout(self.env, episodes, agent, sim_turn=None, key=key, last_turn=first_sim_turn(self.env))
 
     def costly(self, players, key: jax.Array) -> dict[str, float]:
         probe_key, fork_key, branch_key = jax.random.split(key, 3)
