@@ -29,6 +29,7 @@ from typing import NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -216,18 +217,19 @@ def bucket(n: int, minimum: int = 1) -> int:
 
 
 def _bucketed(prompt_tokens: jax.Array, prompt_lengths: jax.Array, pad_id: int,
-              mesh: Mesh | None) -> tuple[jax.Array, jax.Array]:
+              mesh: Mesh | None) -> tuple[np.ndarray | jax.Array, np.ndarray | jax.Array]:
     """Pad prompts [..., B, P] / lengths [..., B] to bucket(B) rows and bucket(P) columns (new rows inactive).
 
+    Padded on the host: prompt shapes change every turn, and an eager device pad would compile for each.
     With a mesh, the rows are rounded up to a multiple of its data-parallel size and placed sharded
     over (data, fsdp) on the row axis (every other axis replicated)."""
     batch, prompt_len = prompt_tokens.shape[-2:]
     shards = 1 if mesh is None else sharding.data_parallel_size(mesh)
     rows, columns = -(-bucket(batch) // shards) * shards, bucket(prompt_len, MIN_PROMPT_BUCKET)
     lead = [(0, 0)] * (prompt_tokens.ndim - 2)
-    tokens = jnp.pad(jnp.asarray(prompt_tokens, jnp.int32),
-                     lead + [(0, rows - batch), (0, columns - prompt_len)], constant_values=pad_id)
-    lengths = jnp.pad(jnp.asarray(prompt_lengths, jnp.int32), lead + [(0, rows - batch)])
+    tokens = np.pad(np.asarray(prompt_tokens, np.int32),
+                    lead + [(0, rows - batch), (0, columns - prompt_len)], constant_values=pad_id)
+    lengths = np.pad(np.asarray(prompt_lengths, np.int32), lead + [(0, rows - batch)])
     if mesh is not None:
         row_axis = len(lead)
         tokens = jax.device_put(tokens, sharding.batch_sharding(mesh, tokens.ndim, row_axis))
