@@ -71,9 +71,14 @@ class EpisodeState:
     tool_calls: int = 0
     parse_failures: list[str] = dataclasses.field(default_factory=list)
     termination: str = ""
+    ids_given: int = dataclasses.field(init=False)  # tool-call ids handed out, a resumed history's included
+
+    def __post_init__(self):
+        self.ids_given = sum(len(t.tool_calls) for t in self.turns)
 
     def next_call_id(self) -> str:
-        return f"call_{sum(len(t.tool_calls) for t in self.turns) + self.tool_calls + 1}"
+        self.ids_given += 1
+        return f"call_{self.ids_given}"
 
 
 @dataclasses.dataclass
