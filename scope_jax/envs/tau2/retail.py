@@ -23,6 +23,7 @@ a loaded record into it, filling the optional order fields with None.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -92,6 +93,36 @@ def _payment_method(method: Record) -> Record:
     return method
 
 
+@dataclasses.dataclass(frozen=True)
+class SwapRules:
+    """Where modify-items and exchange differ in their shared checks: the status and the error texts."""
+
+    status: str
+    status_error: str
+    multiplicity_error: str  # formatted with item_id
+    length_error: str
+    gift_card_error: str
+
+
+MODIFY = SwapRules("pending", "Non-pending order cannot be modified", "{item_id} not found",
+                   "The number of items to be exchanged should match",
+                   "Insufficient gift card balance to pay for the new item")
+EXCHANGE = SwapRules("delivered", "Non-delivered order cannot be exchanged", "Number of {item_id} not found.",
+                     "The number of items to be exchanged should match.",
+                     "Insufficient gift card balance to pay for the price difference")
+
+
+def _new_address(address1: Any, address2: Any, city: Any, state: Any, country: Any, zip: Any) -> Record:
+    """An address record in field order. tau2-bench builds it as a typed record, so a part that is not a
+    string fails (our wording of the error)."""
+    address = {"address1": address1, "address2": address2, "city": city, "country": country, "state": state,
+               "zip": zip}
+    for part, value in address.items():
+        if not isinstance(value, str):
+            raise ValueError(f"Address {part} must be a string, got {type(value).__name__}")
+    return address
+
+
 def _new_payment(kind: str, amount: float, payment_method_id: str) -> Record:
     return {"transaction_type": kind, "amount": float(amount), "payment_method_id": payment_method_id}
 
@@ -140,20 +171,31 @@ class RetailTools(Toolkit):
         return order["status"] == "pending" if self.fix_quirks else "pending" in order["status"]
 
     @staticmethod
-    def _check_address(address: dict[str, Any]) -> None:
-        """tau2-bench builds an address as a typed record, so a part that is not a string fails (our
-        wording of the error)."""
-        for part, value in address.items():
-            if not isinstance(value, str):
-                raise ValueError(f"Address {part} must be a string, got {type(value).__name__}")
-
-    @staticmethod
     def _check_multiplicity(order: Record, item_ids: list[str], message: str) -> None:
         """Each id may be asked for at most as many times as the order holds it."""
         held = [item["item_id"] for item in order["items"]]
         for item_id in item_ids:
             if item_ids.count(item_id) > held.count(item_id):
                 raise ValueError(message.format(item_id=item_id))
+
+    def _checked_swap(self, rules: SwapRules, order_id: str, item_ids: list[str], new_item_ids: list[str],
+                      payment_method_id: str, refuse_same: bool,
+                      rounded: bool) -> tuple[list[Record], float, Record]:
+        """The checks shared by modify-items and exchange, in tau2-bench's order: (new variants, price
+        difference, payment method)."""
+        order = self._order(order_id)
+        if order["status"] != rules.status:
+            raise ValueError(rules.status_error)
+        self._check_multiplicity(order, item_ids, rules.multiplicity_error)
+        if len(item_ids) != len(new_item_ids):
+            raise ValueError(rules.length_error)
+        variants, difference = self._new_variants(order, item_ids, new_item_ids, refuse_same)
+        if rounded:
+            difference = round(difference, 2)
+        method = self._payment_method(order["user_id"], payment_method_id)
+        if method["source"] == "gift_card" and method["balance"] < difference:
+            raise ValueError(rules.gift_card_error)
+        return variants, difference, method
 
     def _new_variants(self, order: Record, item_ids: list[str], new_item_ids: list[str],
                       refuse_same: bool) -> tuple[list[Record], float]:
@@ -238,17 +280,8 @@ class RetailTools(Toolkit):
             payment_method_id: The payment method for the price difference, e.g. 'gift_card_0000000'
                 or 'credit_card_0000000'.
         """
-        order = self._order(order_id)
-        if order["status"] != "delivered":
-            raise ValueError("Non-delivered order cannot be exchanged")
-        self._check_multiplicity(order, item_ids, "Number of {item_id} not found.")
-        if len(item_ids) != len(new_item_ids):
-            raise ValueError("The number of items to be exchanged should match.")
-        _, difference = self._new_variants(order, item_ids, new_item_ids, refuse_same=self.fix_quirks)
-        difference = round(difference, 2)
-        method = self._payment_method(order["user_id"], payment_method_id)
-        if method["source"] == "gift_card" and method["balance"] < difference:
-            raise ValueError("Insufficient gift card balance to pay for the price difference")
+        _, difference, _ = self._checked_swap(EXCHANGE, order_id, item_ids, new_item_ids, payment_method_id,
+                                              refuse_same=self.fix_quirks, rounded=True)
         order = self.db.writable("orders", order_id)
         order["status"] = "exchange requested"
         order["exchange_items"] = sorted(item_ids)
@@ -344,12 +377,10 @@ class RetailTools(Toolkit):
             country: The country, e.g. 'USA'.
             zip: The zip code, e.g. '12345'.
         """
-        address = {"address1": address1, "address2": address2, "city": city, "country": country,
-                   "state": state, "zip": zip}
         order = self._order(order_id)
         if not self._is_pending(order):
             raise ValueError("Non-pending order cannot be modified")
-        self._check_address(address)
+        address = _new_address(address1, address2, city, state, country, zip)
         order = self.db.writable("orders", order_id)
         order["address"] = address
         return order
@@ -370,18 +401,9 @@ class RetailTools(Toolkit):
             payment_method_id: The payment method for the price difference, e.g. 'gift_card_0000000'
                 or 'credit_card_0000000'.
         """
-        order = self._order(order_id)
-        if order["status"] != "pending":
-            raise ValueError("Non-pending order cannot be modified")
-        self._check_multiplicity(order, item_ids, "{item_id} not found")
-        if len(item_ids) != len(new_item_ids):
-            raise ValueError("The number of items to be exchanged should match")
-        variants, difference = self._new_variants(order, item_ids, new_item_ids, refuse_same=True)
-        if self.fix_quirks:
-            difference = round(difference, 2)  # Q3
-        method = self._payment_method(order["user_id"], payment_method_id)
-        if method["source"] == "gift_card" and method["balance"] < difference:
-            raise ValueError("Insufficient gift card balance to pay for the new item")
+        variants, difference, method = self._checked_swap(MODIFY, order_id, item_ids, new_item_ids,
+                                                          payment_method_id, refuse_same=True,
+                                                          rounded=self.fix_quirks)  # Q3
         order = self.db.writable("orders", order_id)
         order["payment_history"].append(
             _new_payment("payment" if difference > 0 else "refund", abs(difference), payment_method_id))
@@ -443,10 +465,8 @@ class RetailTools(Toolkit):
             country: The country, e.g. 'USA'.
             zip: The zip code, e.g. '12345'.
         """
-        address = {"address1": address1, "address2": address2, "city": city, "country": country,
-                   "state": state, "zip": zip}
         self._user(user_id)
-        self._check_address(address)
+        address = _new_address(address1, address2, city, state, country, zip)
         user = self.db.writable("users", user_id)
         user["address"] = address
         return user
