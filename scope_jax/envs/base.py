@@ -23,6 +23,7 @@ class TurnResult:
     messages: list[Message] = dataclasses.field(default_factory=list)
     done: bool = False
     reason: str = ""
+    next_speaker: str | None = None
 
 
 class Environment(Protocol):
