@@ -24,7 +24,6 @@ import pathlib
 import re
 
 FEATURE_DIR = re.compile(r"feature(\d+)")
-FEATURE_FILES = ("feature.md", "feature.patch", "tests.patch")
 BUNDLE, CHECKOUT = "repo.bundle", "repo"
 BUNDLE_SIGNATURES = (b"# v2 git bundle", b"# v3 git bundle")
 DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
@@ -97,9 +96,8 @@ def _read_patch(task_dir: pathlib.Path, relative: str) -> str:
 
 
 def _read_feature(task_dir: pathlib.Path, folder: pathlib.Path) -> Feature:
-    for name in FEATURE_FILES:
-        if not (folder / name).is_file():
-            raise TaskFormatError(f"CooperBench task {task_dir}: {folder.name}/{name} is missing")
+    if not (folder / "feature.md").is_file():
+        raise TaskFormatError(f"CooperBench task {task_dir}: {folder.name}/feature.md is missing")
     spec = (folder / "feature.md").read_text(encoding="utf-8", errors="replace")
     if not spec.strip():
         raise TaskFormatError(f"CooperBench task {task_dir}: {folder.name}/feature.md is empty")

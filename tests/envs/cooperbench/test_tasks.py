@@ -34,6 +34,7 @@ def _remove(path: pathlib.Path) -> None:
 BREAKAGES = [  # (what to do to the task folder, the file the error must name)
     (lambda t: _remove(t / "feature1" / "feature.patch"), "feature1/feature.patch is missing"),
     (lambda t: _remove(t / "feature2" / "tests.patch"), "feature2/tests.patch is missing"),
+    (lambda t: _remove(t / "feature1" / "feature.md"), "feature1/feature.md is missing"),
     (lambda t: (t / "feature1" / "feature.md").write_text("  \n"), "feature1/feature.md is empty"),
     (lambda t: (t / "feature2" / "feature.patch").write_text("add the feature\n"),
      "feature2/feature.patch is not a git diff"),
