@@ -127,8 +127,9 @@ def namespaces_available() -> bool:
         except (OSError, subprocess.TimeoutExpired):
             return False
     if probe.returncode != 0:
+        complaint = probe.stderr.decode(errors="replace").strip().splitlines() or [f"exit {probe.returncode}"]
         log.warning("sandbox: namespaces unavailable (%s); test runs use the weaker 'process' isolation",
-                    probe.stderr.decode(errors="replace").strip().splitlines()[-1:] or probe.returncode)
+                    complaint[-1])
     return probe.returncode == 0
 
 
@@ -169,7 +170,7 @@ def _limit_resources(limits: Limits, processes: int):
     return limit
 
 
-def _environment(work: pathlib.Path, isolation: str, extra: dict[str, str]) -> dict[str, str]:
+def _environment(work: pathlib.Path, isolation: str) -> dict[str, str]:
     home, tmp = work / ".sandbox" / "home", work / ".sandbox" / "tmp"
     home.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
@@ -181,7 +182,7 @@ def _environment(work: pathlib.Path, isolation: str, extra: dict[str, str]) -> d
         site.mkdir(exist_ok=True)
         (site / "sitecustomize.py").write_text(SOCKET_BLOCK)
         env["PYTHONPATH"] = str(site)
-    return {**env, **extra}
+    return env
 
 
 class _Output:
@@ -207,8 +208,8 @@ class _Output:
         return bytes(self.head + middle + self.tail).decode(errors="replace")
 
 
-def run(command: list[str], work: str | pathlib.Path, limits: Limits = Limits(), isolation: str = "auto",
-        env: dict[str, str] | None = None) -> RunResult:
+def run(command: list[str], work: str | pathlib.Path, limits: Limits = Limits(),
+        isolation: str = "auto") -> RunResult:
     """Run `command` with cwd `work` (its only writable directory under "namespaces"), under `limits`."""
     work = pathlib.Path(work).resolve()
     level = resolve_isolation(isolation)
@@ -218,7 +219,7 @@ def run(command: list[str], work: str | pathlib.Path, limits: Limits = Limits(),
     with warnings.catch_warnings():
         # JAX warns at every fork of its process; this child only sets its rlimits and execs.
         warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
-        proc = subprocess.Popen(wrapped, cwd=work, env=_environment(work, level, env or {}),
+        proc = subprocess.Popen(wrapped, cwd=work, env=_environment(work, level),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_limit_resources(limits, processes))
     output, status = _Output(limits.output_bytes), "exited"

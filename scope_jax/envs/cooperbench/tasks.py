@@ -26,7 +26,7 @@ import re
 FEATURE_DIR = re.compile(r"feature(\d+)")
 BUNDLE, CHECKOUT = "repo.bundle", "repo"
 BUNDLE_SIGNATURES = (b"# v2 git bundle", b"# v3 git bundle")
-DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+DIFF_HEADER = re.compile(r"^diff --git a/\S+ b/\S+$", re.MULTILINE)
 
 
 class TaskFormatError(ValueError):
@@ -41,11 +41,6 @@ class Feature:
     spec: str
     patch: str
     tests_patch: str
-
-    @property
-    def files(self) -> tuple[str, ...]:
-        """The files its gold patch changes."""
-        return patch_files(self.patch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +69,6 @@ class Task:
     def pairs(self) -> list[tuple[int, int]]:
         """Every unordered pair of feature ids, the smaller id first (it goes to the first seat)."""
         return list(itertools.combinations([f.id for f in self.features], 2))
-
-
-def patch_files(patch: str) -> tuple[str, ...]:
-    """The paths a git diff changes, in order of appearance."""
-    return tuple(dict.fromkeys(b for _, b in DIFF_HEADER.findall(patch)))
 
 
 def _read_patch(task_dir: pathlib.Path, relative: str) -> str:

@@ -26,7 +26,6 @@ from typing import Any
 FENCED_BLOCK = re.compile(r"```[\w+-]*[^\S\n]*\n(.*?)```", re.DOTALL)
 TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 TRAILING_COMMA = re.compile(r",\s*([}\]])")
-ERROR_KINDS = ("no_call", "bad_json", "unknown_tool", "bad_arguments")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +60,7 @@ SPECS = {spec.name: spec for spec in TOOLS}
 
 
 class ToolCallError(ValueError):
-    """A turn without a usable tool call; `kind` is one of ERROR_KINDS."""
+    """A turn without a usable tool call; `kind`: "no_call", "bad_json", "unknown_tool" or "bad_arguments"."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)

@@ -7,24 +7,26 @@ import subprocess
 import pytest
 
 from scope_jax.envs.cooperbench.merge import is_protected
-from scope_jax.envs.cooperbench.repo import Repos, changes
+from scope_jax.envs.cooperbench.repo import Repos, changes, post_images
 from scope_jax.envs.cooperbench.suite import SUITE_DIR
-from scope_jax.envs.cooperbench.tasks import TaskFormatError, load_task, load_tasks, patch_files
+from scope_jax.envs.cooperbench.tasks import TaskFormatError, load_task, load_tasks
 
 REAL_DATA = pathlib.Path(__file__).resolve().parents[3] / "../shared/data/cooperbench"
 
 
-def test_suite_loads():
+def test_suite_loads(tmp_path):
     tasks = load_tasks(SUITE_DIR)
     assert len(tasks) >= 8
+    repos = Repos(tmp_path)
     for task in tasks:
         assert [f.id for f in task.features] == [1, 2] and task.pairs() == [(1, 2)]
+        touched = []
         for feature in task.features:
             assert "**Files Modified**" in feature.spec
-            assert feature.files and not any(is_protected(path) for path in feature.files)
-            assert all(is_protected(path) for path in patch_files(feature.tests_patch))
-        shared = set(task.features[0].files) & set(task.features[1].files)
-        assert shared, f"{task.name}: the two features must touch a common file"
+            touched.append(set(post_images(repos.base(task), feature.patch)))
+            assert touched[-1] and not any(is_protected(path) for path in touched[-1])
+            assert all(is_protected(path) for path in post_images(repos.base(task), feature.tests_patch))
+        assert touched[0] & touched[1], f"{task.name}: the two features must touch a common file"
 
 
 def _remove(path: pathlib.Path) -> None:
