@@ -6,7 +6,9 @@ import sys
 
 import ml_collections
 import pytest
+from absl import flags
 
+from experiments import run as runner
 from experiments.run import prepare
 from scope_jax.config import ConfigError, validate
 from scope_jax.dialogue.episode import SIM, Message
@@ -82,31 +84,11 @@ def test_runner_stops_with_one_line_naming_the_key(tmp_path, override, expected)
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["--config=experiments/configs/nowhere.py"],
-     "error: config file experiments/configs/nowhere.py does not exist"),
-    (["--config=experiments/configs/target_word.py:bogus"],
-     "error: unknown simulator mode 'bogus'; one of frozen"),
-    (["--config=experiments/configs/collapse.py", "--config.seeds=abc"],
-     "error: config key 'seeds' must be of type tuple of int, got tuple ('abc',)"),
-], ids=["missing config file", "unknown :ARG", "wrong-typed value"])
-def test_a_users_mistake_is_one_line(tmp_path, args, expected):
-    code, lines = run(*args, f"--workdir={tmp_path / 'run'}")
-    assert code == 1 and len(lines) == 1 and lines[0].startswith(expected), lines
-    assert not (tmp_path / "run").exists()
-
-
-def main_in_process(tmp_path, monkeypatch, *overrides):
-    """experiments.run's flag parsing and main() in this process (so a test can break the run on purpose):
-    (exit status, what went to stderr)."""
-    from absl import flags
-
-    from experiments import run as runner
-
+def cli(monkeypatch, *args: str) -> str:
+    """`python -m experiments.run ARGS` (its flag parsing and main()) in this process, so that a test can
+    break a run on purpose; returns the message it exits with (exit status 1, the message on stderr)."""
     monkeypatch.chdir(ROOT)
-    argv = ["run", "--config=experiments/configs/target_word.py", f"--workdir={tmp_path}",
-            "--config.train.steps=1", "--config.rollout.groups=1", "--config.rollout.group_size=2",
-            "--config.train.eval_every=0", *overrides]
+    argv = ["run", *args]
     monkeypatch.setattr(sys, "argv", argv)  # the config flag defines its override flags from sys.argv
     try:
         with pytest.raises(SystemExit) as stopped:
@@ -118,15 +100,28 @@ def main_in_process(tmp_path, monkeypatch, *overrides):
     return stopped.value.code
 
 
+TINY_RUN = ("--config=experiments/configs/target_word.py", "--config.train.steps=1",
+            "--config.rollout.groups=1", "--config.rollout.group_size=2", "--config.train.eval_every=0")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--config=experiments/configs/nowhere.py"],
+     "error: config file experiments/configs/nowhere.py does not exist"),
+    (["--config=experiments/configs/target_word.py:bogus"],
+     "error: unknown simulator mode 'bogus'; one of frozen"),
+    (["--config=experiments/configs/collapse.py", "--config.seeds=abc"],
+     "error: config key 'seeds' must be of type tuple of int, got tuple ('abc',)"),
+], ids=["missing config file", "unknown :ARG", "wrong-typed value"])
+def test_a_users_mistake_is_one_line(tmp_path, monkeypatch, args, expected):
+    message = cli(monkeypatch, *args, f"--workdir={tmp_path / 'run'}")
+    assert message.startswith(expected) and "\n" not in message, message
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_run_stopped_on_purpose_is_one_line(tmp_path, monkeypatch):
     """TrainingStopped (too many non-finite steps) ends the command with its one-line message."""
-    def non_finite(*args):
-        state, metrics, episodes = rl_step(*args)
-        return state, {**metrics, "skipped": 1.0}, episodes
-
-    rl_step = train.rl_step
-    monkeypatch.setattr(train, "rl_step", non_finite)
-    message = main_in_process(tmp_path, monkeypatch, "--config.train.max_consecutive_skips=0")
+    monkeypatch.setattr(train, "rl_step", lambda setup, state, step: (state, {"skipped": 1.0}, []))
+    message = cli(monkeypatch, *TINY_RUN, f"--workdir={tmp_path}", "--config.train.max_consecutive_skips=0")
     assert message.startswith("error: 1 non-finite steps in a row at step 0") and "\n" not in message
 
 
@@ -137,7 +132,7 @@ def test_a_failed_prefix_check_is_one_line(tmp_path, monkeypatch):
         return TurnResult()
 
     monkeypatch.setattr(TargetWordEnv, "after_turn", rewrite)
-    message = main_in_process(tmp_path, monkeypatch)
+    message = cli(monkeypatch, *TINY_RUN, f"--workdir={tmp_path}")
     assert message.startswith("error: the dialogue the ") and "already saw changed" in message
     assert "\n" not in message
 

@@ -181,8 +181,10 @@ def test_the_verbalized_loop_path_puts_a_stated_candidate_into_the_dialogue(monk
         return real(player, prompts, key, sampling)
 
     monkeypatch.setattr(verbalized_speaker, "generate_texts", stated)
+    config.rollout.update(groups=2, group_size=2)
     setup = build(config)
-    state, metrics, episodes = rl_step.rl_step(setup, setup.state, 0)
+    episodes = rl_step.play_episodes(setup, setup.state, 0)
+    metrics = rl_step.episode_stats(episodes)  # the step's metrics of its episodes
     replies = [m.text for e in episodes for m in e.messages[1:] if m.role == SIM]  # after the env's opening
     assert len(replies) == len(episodes) * config.env.max_turns and set(replies) <= set(CANDIDATES)
     records = [r for e in episodes for r in e.info["verbalized"]]
