@@ -9,7 +9,7 @@ name. What the loop asks:
   listed_specs       frozen models kept outside the joint state (any architecture or tokenizer)
   trained            the parameter groups of the joint state that train
   sim_params         the parameter group whose simulator turns enter the loss (None: the simulator role
-                     does not train; "agent" in self-play)
+                     does not train, `sim_trains` is false; "agent" in self-play)
   members            P: how many simulators the simulator batch and its advantage groups split into
   assign             which simulator voices each rollout of a scenario group (episode.sim_index)
   speaker            the simulator side's speaker with the current parameters
