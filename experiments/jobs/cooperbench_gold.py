@@ -17,10 +17,11 @@ import numpy as np
 
 from scope_jax.config import ConfigError
 from scope_jax.dialogue.episode import Episode
+from scope_jax.dialogue.rollout import rollout_scripted
 from scope_jax.envs.cooperbench import CooperBenchEnv, TaskFormatError, load_tasks
 from scope_jax.envs.cooperbench.environment import MODES, RECORD
 from scope_jax.envs.cooperbench.sandbox import ISOLATIONS
-from scope_jax.envs.cooperbench.scripted import SPEAKERS, play
+from scope_jax.envs.cooperbench.scripted import SPEAKERS
 from scope_jax.envs.cooperbench.suite import SUITE_DIR
 
 EXPECTED_REWARD = {"gold": 1.0, "empty": 0.0}
@@ -68,7 +69,7 @@ def _play_all(env: CooperBenchEnv, agent: str, mode: str, run_dir) -> list[dict[
     rows = []
     for group, pair in enumerate(run_dir.progress(env.pairs, desc=f"{agent} {mode}")):
         try:
-            rows.append(_row(agent, mode, play(env, Episode(pair, group), speakers)))
+            rows.append(_row(agent, mode, rollout_scripted(env, [Episode(pair, group)], speakers)[0]))
         except TaskFormatError as e:
             rows.append({"agent": agent, "mode": mode, "task": pair.task.name,
                          "features": list(pair.features), "reward": float("nan"),

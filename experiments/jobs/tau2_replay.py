@@ -22,6 +22,8 @@ import pathlib
 import ml_collections
 
 from scope_jax.config import ConfigError
+from scope_jax.dialogue.episode import AGENT, SIM, Episode
+from scope_jax.dialogue.rollout import rollout_scripted
 from scope_jax.envs.tau2 import Tau2Env, scripted
 from scope_jax.envs.tau2.domain import DOMAINS
 from scope_jax.envs.tau2.evaluator import GRADINGS
@@ -71,7 +73,8 @@ def replay_domain(config, domain: str, reference: dict) -> tuple[dict, list[str]
     tasks = {}
     tasks_of = env.domain_data.tasks
     for task_id, task in RunDir.progress(tasks_of.items(), desc=f"{domain} tasks", total=len(tasks_of)):
-        episode = scripted.play(env, task, scripted.oracle_agent(task), scripted.scripted_user())
+        replies = {AGENT: scripted.oracle_agent(task), SIM: scripted.scripted_user()}
+        episode = rollout_scripted(env, [Episode(task, group=0)], replies)[0]
         evaluation = episode.info["tau2_evaluation"]
         live = episode.info["tau2"].state.hashes()
         gold = env.gold_hashes(task)

@@ -15,12 +15,12 @@ every episode gets its rewards.
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from typing import Callable, Mapping
 
 import jax
 
 from scope_jax.dialogue.episode import AGENT, ROLES, SIM, Episode, Message
-from scope_jax.dialogue.speakers import Speaker
+from scope_jax.dialogue.speakers import ScriptedSpeaker, Speaker
 from scope_jax.envs.base import Environment
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,13 @@ def rollout(env: Environment, episodes: list[Episode], speakers: Speakers, key: 
     return play(env, episodes, speakers, key, pause_before=pause_before)
 
 
+def rollout_scripted(env: Environment, episodes: list[Episode],
+                     replies: Mapping[str, Callable[[Episode], str]]) -> list[Episode]:
+    """`rollout` with a scripted reply function per role (an oracle agent, a scripted user): no model."""
+    speakers = {role: ScriptedSpeaker(reply) for role, reply in replies.items()}
+    return rollout(env, episodes, speakers, jax.random.key(0))
+
+
 def play(env: Environment, episodes: list[Episode], speakers: Speakers, key: jax.Array,
          pause_before: str | None = None) -> list[Episode]:
     """Continue `episodes` until every one has ended, then close them (`finish`). With `pause_before` a
@@ -59,7 +66,7 @@ def play(env: Environment, episodes: list[Episode], speakers: Speakers, key: jax
             if turn:
                 take_turn(env, role, speakers[role], turn, jax.random.fold_in(round_key, index))
     if pause_before is None:
-        finish(env, episodes, speakers[SIM], closing_key)
+        finish(env, episodes, speakers.get(SIM), closing_key)
     return episodes
 
 
@@ -86,7 +93,7 @@ def record(env: Environment, episode: Episode, message: Message) -> None:
         _schedule(env, episode, result.next_speaker or (SIM if message.role == AGENT else AGENT))
 
 
-def finish(env: Environment, episodes: list[Episode], sim: Speaker, key: jax.Array) -> None:
+def finish(env: Environment, episodes: list[Episode], sim: Speaker | None, key: jax.Array) -> None:
     """The closing question (if the environment has one) to the episodes that reached the turn limit,
     answered by the simulator in one extra turn; then every episode's rewards."""
     closing = getattr(env, "closing", None)

@@ -1,20 +1,18 @@
-"""Scripted CooperBench agents (no model), and the host loop that plays them through the environment.
+"""Scripted CooperBench agents (no model): replies as functions of the episode, for `ScriptedSpeaker`.
 
 A speaker is a function of the episode that returns the text of its next turn, as a model would:
   gold   writes the gold content of every file its gold patch changes (write_file; in solo mode the
          task's combined.patch), tells the partner which files it changed (coop, with messaging), and
          finishes. Through the full evaluation it must score 1.
   empty  finishes at once. It must score 0.
-`play` stands in for the dialogue rollout until that accepts scripted speakers: the opening, then one
-turn at a time by `TurnResult.next_speaker` (alternation when None), then the rewards, through the
-Environment methods only, so the engine's rollout can replace it without changing the environment.
+They play through the engine's own rollout (`scope_jax.dialogue.rollout`), as models do.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable
 
-from scope_jax.dialogue.episode import AGENT, SIM, Episode, Message
+from scope_jax.dialogue.episode import Episode
 from scope_jax.envs.cooperbench.environment import CooperBenchEnv, Pair
 from scope_jax.envs.cooperbench.repo import post_images
 from scope_jax.envs.cooperbench.tools import format_call
@@ -47,7 +45,7 @@ def gold_speaker(env: CooperBenchEnv, role: str) -> Speaker:
         if key not in plans:
             plans[key] = gold_plan(env, episode.scenario, role)
         plan = plans[key]
-        return plan[min(episode.turns(role), len(plan) - 1)]
+        return plan[min(episode.turns_taken.get(role, 0), len(plan) - 1)]
 
     return speak
 
@@ -57,22 +55,3 @@ def empty_speaker(episode: Episode) -> str:
 
 
 SPEAKERS = {"gold": gold_speaker, "empty": lambda env, role: empty_speaker}
-
-
-def play(env, episode: Episode, speakers: Mapping[str, Speaker]) -> Episode:
-    """Play `episode` to its end with one scripted speaker per role; fills in its rewards."""
-    episode.messages.extend(env.opening(episode.scenario))
-    role = env.first_speaker
-    for _ in range(2 * env.max_turns):
-        message = Message(role, speakers[role](episode))
-        episode.messages.append(message)
-        result = env.after_turn(episode, message)
-        episode.messages.extend(result.messages)
-        if result.done:
-            episode.done, episode.end_reason = True, result.reason or "env"
-            break
-        role = result.next_speaker or (SIM if role == AGENT else AGENT)
-    if not episode.done:
-        episode.done, episode.end_reason = True, "turn_limit"
-    episode.rewards = env.rewards(episode)
-    return episode

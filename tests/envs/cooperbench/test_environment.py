@@ -6,7 +6,8 @@ import pytest
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
 from scope_jax.envs import make
 from scope_jax.envs.cooperbench.environment import RECORD, CooperBenchEnv
-from scope_jax.envs.cooperbench.scripted import SPEAKERS, play
+from scope_jax.dialogue.rollout import rollout_scripted
+from scope_jax.envs.cooperbench.scripted import SPEAKERS
 from scope_jax.envs.cooperbench.tools import format_call
 from tests.envs.cooperbench.conftest import TASK
 
@@ -23,7 +24,8 @@ def _pair(env):
 
 
 def _play(env, agent):
-    return play(env, Episode(_pair(env), 0), {role: SPEAKERS[agent](env, role) for role in env.roles})
+    replies = {role: SPEAKERS[agent](env, role) for role in env.roles}
+    return rollout_scripted(env, [Episode(_pair(env), 0)], replies)[0]
 
 
 def test_gold_agents_score_one(env):

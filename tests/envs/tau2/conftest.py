@@ -7,6 +7,8 @@ import pathlib
 
 import pytest
 
+from scope_jax.dialogue.episode import AGENT, SIM, Episode
+from scope_jax.dialogue.rollout import rollout_scripted
 from scope_jax.envs.tau2 import Tau2Env
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -18,6 +20,11 @@ REFERENCE = json.loads((ROOT / "experiments" / "configs" / "tau2_gold_hashes.jso
 def plain_hash(tables) -> str:
     """The sheet's hash rule written out directly (the reference for Database.hash)."""
     return hashlib.sha256(json.dumps(tables, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def play(env, task, agent, user) -> Episode:
+    """One episode of `task` between a scripted agent and user, through the engine's rollout."""
+    return rollout_scripted(env, [Episode(task, group=0)], {AGENT: agent, SIM: user})[0]
 
 
 def _env(**settings) -> Tau2Env:

@@ -6,11 +6,11 @@ import pytest
 
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
 from scope_jax.envs import ENVIRONMENTS
-from scope_jax.envs.tau2 import Tau2Env, scripted
+from scope_jax.envs.tau2 import Tau2Env
 from scope_jax.envs.tau2.environment import GREETING
 from scope_jax.envs.tau2.tool_calls import format_tool_call
 from scope_jax.envs.tau2.toolkit import ToolCall
-from tests.envs.tau2.conftest import DATA
+from tests.envs.tau2.conftest import DATA, play
 
 LOOKUP = format_tool_call(ToolCall("get_order_details", {"order_id": "#W4862767"}))
 BAD_LOOKUP = format_tool_call(ToolCall("get_order_details", {"order_id": "nope"}))
@@ -29,25 +29,25 @@ def task(env, task_id="0"):
 
 
 def test_t10_stop_token_inside_a_longer_message(retail_env):
-    episode = scripted.play(retail_env, task(retail_env), lines("Hello, I have a question."),
-                            lines("hi", "Great, thanks so much! ###STOP### Have a nice day."))
+    episode = play(retail_env, task(retail_env), lines("Hello, I have a question."),
+                   lines("hi", "Great, thanks so much! ###STOP### Have a nice day."))
     assert episode.end_reason == "user_stop" and episode.rewards["ended_normally"] == 1.0
     for token in ("###TRANSFER###", "###OUT-OF-SCOPE###"):
-        ended = scripted.play(retail_env, task(retail_env), lines("Hello."), lines("hi", f"ok {token}"))
+        ended = play(retail_env, task(retail_env), lines("Hello."), lines("hi", f"ok {token}"))
         assert ended.end_reason == "user_stop"
 
 
 def test_t10_stop_on_the_last_step_becomes_max_steps(make_env):
     env = make_env(max_steps=3)  # user (1), agent text (2), user stop (3)
-    episode = scripted.play(env, task(env, "10"), lines("Hello."), lines("hi", "bye ###STOP###"))
+    episode = play(env, task(env, "10"), lines("Hello."), lines("hi", "bye ###STOP###"))
     assert episode.end_reason == "max_steps" and episode.rewards["agent"] == 0.0
     longer = make_env(max_steps=4)
-    episode = scripted.play(longer, task(longer, "10"), lines("Hello."), lines("hi", "bye ###STOP###"))
+    episode = play(longer, task(longer, "10"), lines("Hello."), lines("hi", "bye ###STOP###"))
     assert episode.end_reason == "user_stop" and episode.rewards["agent"] == 1.0  # task 10: null agent wins
 
 
 def test_t10_tenth_tool_error_ends_at_once(retail_env):
-    episode = scripted.play(retail_env, task(retail_env), lines(BAD_LOOKUP), lines("hi"))
+    episode = play(retail_env, task(retail_env), lines(BAD_LOOKUP), lines("hi"))
     assert episode.end_reason == "too_many_errors"
     assert episode.rewards["tool_errors"] == 10 and episode.rewards["tool_calls"] == 10
     assert sum(m.role == AGENT for m in episode.messages) == 1 + 10  # greeting, then 10 failing calls
@@ -56,13 +56,13 @@ def test_t10_tenth_tool_error_ends_at_once(retail_env):
 
 def test_t10_all_calls_of_a_message_run_before_the_error_limit(make_env):
     env = make_env(max_errors=2)
-    episode = scripted.play(env, task(env), lines("\n".join([BAD_LOOKUP] * 3)), lines("hi"))
+    episode = play(env, task(env), lines("\n".join([BAD_LOOKUP] * 3)), lines("hi"))
     assert episode.end_reason == "too_many_errors" and episode.rewards["tool_errors"] == 3
 
 
 def test_t10_pending_tool_call_runs_before_max_steps(make_env):
     env = make_env(max_steps=2)  # user (1), agent call (2, pending), env (3)
-    episode = scripted.play(env, task(env), lines(CANCEL), lines("hi"))
+    episode = play(env, task(env), lines(CANCEL), lines("hi"))
     assert episode.end_reason == "max_steps" and episode.rewards["steps"] == 3
     assert episode.messages[-1].role == ENV and '"status": "cancelled"' in episode.messages[-1].text
     assert episode.info["tau2"].state.agent.db.get("orders", "#W4862767")["status"] == "cancelled"
@@ -71,21 +71,21 @@ def test_t10_pending_tool_call_runs_before_max_steps(make_env):
 @pytest.mark.parametrize("text", ["", "   \n", "<tool_call>{not json</tool_call>",
                                   "<tool_call>\n{\"args\": 1}"])
 def test_agent_message_without_text_or_call_is_an_agent_error(retail_env, text):
-    episode = scripted.play(retail_env, task(retail_env, "10"), lines(text), lines("hi"))
+    episode = play(retail_env, task(retail_env, "10"), lines(text), lines("hi"))
     assert episode.end_reason == "agent_error"
     assert episode.rewards["agent"] == 0.0 and episode.rewards["agent_error"] == 1.0
     assert episode.rewards["parse_failures"] == float("<tool_call>" in text)
 
 
 def test_unreadable_call_next_to_text_is_counted_and_the_text_goes_to_the_user(retail_env):
-    episode = scripted.play(retail_env, task(retail_env, "10"),
-                            lines("Let me check. <tool_call>{broken</tool_call>"), lines("hi", "###STOP###"))
+    episode = play(retail_env, task(retail_env, "10"),
+                   lines("Let me check. <tool_call>{broken</tool_call>"), lines("hi", "###STOP###"))
     assert episode.end_reason == "user_stop" and episode.rewards["parse_failures"] == 1.0
     assert episode.messages[2].visible_to == (AGENT, SIM)
 
 
 def test_empty_user_message_is_a_user_error(retail_env):
-    episode = scripted.play(retail_env, task(retail_env), lines("Hello."), lines("  "))
+    episode = play(retail_env, task(retail_env), lines("Hello."), lines("  "))
     assert episode.end_reason == "user_error" and episode.rewards["agent"] == 0.0
 
 
@@ -123,7 +123,7 @@ def test_text_tool_format(make_env):
     env = make_env(tool_format="text")
     prompt = env.system_prompt(task(env), AGENT)
     assert "<tools>" in prompt and '"name": "cancel_pending_order"' in prompt and "<tool_call>" in prompt
-    episode = scripted.play(env, task(env), lines(LOOKUP, "Done."), lines("hi", "###STOP###"))
+    episode = play(env, task(env), lines(LOOKUP, "Done."), lines("hi", "###STOP###"))
     result = [m for m in episode.messages if m.role == ENV][0]
     assert result.text.startswith("<tool_response>\n{") and result.text.endswith("}\n</tool_response>")
     template = make_env()

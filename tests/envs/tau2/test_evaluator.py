@@ -12,6 +12,7 @@ from scope_jax.envs.tau2.judge import SYSTEM_PROMPT, JudgeError, parse_verdicts,
 from scope_jax.envs.tau2.tasks import Action
 from scope_jax.envs.tau2.toolkit import ToolCall
 from scope_jax.envs.tau2.trajectory import Turn
+from tests.envs.tau2.conftest import play
 
 
 def test_t11_communicate_rule():
@@ -71,7 +72,7 @@ def test_judge_contract(retail_env):
 
     retail_env.judge = judge
     try:
-        episode = scripted.play(retail_env, task, scripted.oracle_agent(task), scripted.scripted_user())
+        episode = play(retail_env, task, scripted.oracle_agent(task), scripted.scripted_user())
     finally:
         retail_env.judge = None
     assert episode.rewards["agent"] == 1.0 and episode.rewards["nl_judged"] == 1.0
@@ -101,7 +102,7 @@ def test_judge_failures_are_not_evaluated_and_counted(retail_env):
     task = retail_env.domain_data.tasks["36"]
     retail_env.judge = lambda system, user: "I think it went fine."
     try:
-        episode = scripted.play(retail_env, task, scripted.oracle_agent(task), scripted.scripted_user())
+        episode = play(retail_env, task, scripted.oracle_agent(task), scripted.scripted_user())
     finally:
         retail_env.judge = None
     evaluation = episode.info["tau2_evaluation"]
@@ -110,7 +111,7 @@ def test_judge_failures_are_not_evaluated_and_counted(retail_env):
     asked = []
     retail_env.judge = lambda system, user: asked.append(1) or '{"results": []}'
     try:
-        stopped = scripted.play(retail_env, task, scripted.oracle_agent(task), lambda episode: "")
+        stopped = play(retail_env, task, scripted.oracle_agent(task), lambda episode: "")
     finally:
         retail_env.judge = None
     assert stopped.end_reason == "user_error" and not asked  # no judge call for a failed episode

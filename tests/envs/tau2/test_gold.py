@@ -1,7 +1,7 @@
 """Gold replays and whole episodes through Tau2Env: T2 (every gold hash), T4 (the failing gold calls), T5
 (the oracle agent scores 1 on every task), T6 (the null agent scores 1 on exactly six tasks), the
 pre-1.0.0 grading, and the mock tasks. Episodes are played by scripted speakers through the
-environment's own methods (`scripted.play`)."""
+environment's own methods, through the engine's rollout."""
 
 import ast
 
@@ -11,7 +11,7 @@ from scope_jax.envs.tau2 import scripted
 from scope_jax.envs.tau2.tasks import NL_ASSERTION
 from scope_jax.envs.tau2.tool_calls import format_tool_call
 from scope_jax.envs.tau2.toolkit import ToolCall
-from tests.envs.tau2.conftest import REFERENCE
+from tests.envs.tau2.conftest import REFERENCE, play
 
 # Sheet section 6: the gold actions that fail on replay, per task (the retail data at HEAD).
 FAILING_GOLD = {
@@ -52,7 +52,7 @@ def test_t4_failing_gold_calls(retail_env):
 def _play_all(env, agent_for, judge=None):
     env.judge = judge
     try:
-        return {task_id: scripted.play(env, task, agent_for(task), scripted.scripted_user())
+        return {task_id: play(env, task, agent_for(task), scripted.scripted_user())
                 for task_id, task in env.domain_data.tasks.items()}
     finally:
         env.judge = None
@@ -103,7 +103,7 @@ def test_mock_tasks(mock_env):
     user = scripted.scripted_user(
         format_tool_call(ToolCall("check_notifications", {})), "Please mark task_1 as completed.",
         format_tool_call(ToolCall("dismiss_notification", {"notification_id": "notif_1"})))
-    dismissed = scripted.play(mock_env, task, scripted.oracle_agent(task), user)
+    dismissed = play(mock_env, task, scripted.oracle_agent(task), user)
     assert dismissed.rewards["env_assertion"] == 1.0 and dismissed.rewards["db"] == 0.0
     assert dismissed.rewards["agent"] == 0.0
     assert rewards == {k: 1.0 for k in rewards} and len(rewards) == 8
@@ -121,7 +121,7 @@ def test_t13_mock_create_task(mock_env):
         return lambda episode: next(lines)
 
     empty = ToolCall("create_task", {"user_id": "user_1", "title": "Important Meeting", "description": ""})
-    episode = scripted.play(mock_env, task, agent_with_description(empty), scripted.scripted_user())
+    episode = play(mock_env, task, agent_with_description(empty), scripted.scripted_user())
     assert episode.rewards["db"] == 0.0 and episode.rewards["agent"] == 0.0
 
 
