@@ -59,5 +59,5 @@ def get_config(mode: str = "frozen", model: str = SMOLLM2):
     config.optimizer.update(learning_rate=1e-5, sim_learning_rate=1e-5)
     config.train.update(steps=2, eval_every=2, eval_groups=1, checkpoint_every=2, samples=2,
                         microbatches=2)
-    config.monitor.update(probe_contexts=1, probe_samples=2, fork_contexts=1, forks=1, branches=2)
+    config.monitor.update(probe_contexts=1, probe_samples=2, fork_contexts=1, forks=2, branches=2)
     return config
