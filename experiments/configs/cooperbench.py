@@ -1,6 +1,6 @@
 """CooperBench RL with a real LLM on this CPU: SmolLM2-135M-Instruct as both coding agents, on our suite.
 
-A tiny real run: a few GRPO steps, 2 task pairs x 2 rollouts per step, 3 tool calls per seat, replies
+A tiny real run: a few GRPO steps, 2 task pairs x 2 rollouts per step, 2 tool calls per seat, replies
 of at most 48 tokens, short tool results. The agent is seat 1; the partner (seat 2) is the simulator side,
 and the argument picks its simulator mode (scope_jax.simulators.modes):
 
@@ -45,7 +45,7 @@ def get_config(mode: str = "frozen", model: str = SMOLLM2):
         raise ValueError(f"unknown cooperbench mode {mode!r}; one of {', '.join(MODES)}")
     env_mode, sim_mode = ("solo", "frozen") if mode == "solo" else ("coop", mode)
     config = default_config()
-    config.env.update(mode=env_mode, max_turns=3, max_observation_chars=600,
+    config.env.update(mode=env_mode, max_turns=2, max_observation_chars=600,
                       max_message_chars=200, max_messages=2, eval_tasks=EVAL_TASKS, test_wall_seconds=20.0)
     config.sampling.update(temperature=1.0, top_p=1.0, max_new_tokens=48)
     budget = context_budget(env_mode, config.env.max_turns, config.sampling.max_new_tokens,

@@ -10,9 +10,10 @@ rotation, selfplay, solo); the model folder defaults to /models/Qwen3-SIZE:
 8 tool calls per seat, replies up to 384 tokens (enough for a small write_file), tool results up to 2,000
 characters and messages up to 400, so a seat's view holds up to `context_budget` tokens (the
 agent.max_context it sets); bfloat16 parameters and AdamW moments, remat, 8 task pairs x 4 rollouts per
-step in 4 micro-batches (one sequence per device and micro-batch on 8 devices), the suite's two held-out
-tasks for evaluation. `python -m experiments.configs.cooperbench_qwen3` prints the expected memory per
-device (docs/cooperbench.md has the table).
+step in 4 micro-batches (one sequence per device and micro-batch on 8 devices), each training pair's seat
+order drawn at random (a GRPO group shares one), the suite's two held-out tasks for evaluation.
+`python -m experiments.configs.cooperbench_qwen3` prints the expected memory per device
+(docs/cooperbench.md has the table).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def get_config(arg: str = "0.6b"):
     size, _, mode = arg.partition(":")
     config = cooperbench.get_config(mode or "frozen", model=p4g_qwen3.FOLDERS.get(size, size))
     config.env.update(max_turns=8, max_observation_chars=2000, max_message_chars=400, max_messages=4,
-                      test_wall_seconds=30.0)
+                      test_wall_seconds=30.0, swap_seats=True)
     config.sampling.max_new_tokens = 384
     budget = cooperbench.context_budget(config.env.mode, config.env.max_turns, config.sampling.max_new_tokens,
                                         config.env.max_observation_chars, config.env.max_message_chars)

@@ -1,8 +1,9 @@
 """CooperBench as an Environment: two coding agents, one feature each, merged and tested at the end.
 
-Roles. "agent" is seat 1 (the pair's smaller feature id) and "sim" seat 2, the partner: the simulator
-side in SCOPE's terms. Each sees only its own feature.md. In mode "solo" the agent implements both
-features (both specs, the same turn cap) and "sim" never speaks.
+Roles. "agent" is seat 1 (the pair's smaller feature id; with `swap_seats`, the train split puts the
+larger one there half the time) and "sim" seat 2, the partner: the simulator side in SCOPE's terms.
+Each sees only its own feature.md. In mode "solo" the agent implements both features (both specs, the
+same turn cap) and "sim" never speaks.
 
 Turns. Every turn holds one tool call (tools.py). `after_turn` runs it in the speaker's own git worktree
 and appends the result as an ENV message visible to the speaker only. It also makes the speaker's turn
@@ -20,7 +21,7 @@ Rewards. At the end each seat's diff is computed from its worktree (agents never
 the evaluator (evaluation.py) strips test files, merges (plain, then union) and runs both features'
 hidden tests on the merge. Both roles get 1 when all the episode's features pass, else 0; with
 `partial_credit` they get the fraction that passes instead. Logged with them (floats, averaged by the
-loop): success, partial, feature_a_pass / feature_b_pass (the pair's smaller / larger id), naive_conflict
+loop): success, partial, feature_a_pass / feature_b_pass (seat 1's / seat 2's feature), naive_conflict
 (the plain merge had conflicts), merge_failed (conflicts left unresolved), conflict_hunks, messages_sent,
 tool_errors, idle_turns, finished (share of seats that called finish), steps. The full record (merge,
 each feature's test result, each seat's stripped patch, error counts) is episode.info["cooperbench"].
@@ -83,7 +84,7 @@ Tools:
 
 @dataclasses.dataclass(frozen=True)
 class Pair:
-    """A scenario: a task and the features its seats implement (the smaller id goes to seat 1)."""
+    """A scenario: a task and the features its seats implement, in seat order."""
 
     task: Task
     features: tuple[int, int]
@@ -132,6 +133,7 @@ class CooperBenchEnv:
     isolation: str = "auto"
     test_wall_seconds: float = 20.0
     eval_tasks: tuple[str, ...] = ()  # names of the tasks held out for the "eval" split
+    swap_seats: bool = False  # train split: each drawn pair's seat order at random
     first_speaker: str = AGENT
 
     def __post_init__(self):
@@ -176,8 +178,11 @@ class CooperBenchEnv:
     def sample_scenarios(self, n: int, rng: np.random.Generator, split: str = "train") -> list[Any]:
         if split not in SPLITS:
             raise ValueError(f"cooperbench split {split!r} is unknown; known: {', '.join(SPLITS)}")
-        pairs = self.split_pairs[split]
-        return [pairs[i] for i in rng.integers(0, len(pairs), n)]
+        pairs = [self.split_pairs[split][i] for i in rng.integers(0, len(self.split_pairs[split]), n)]
+        if self.swap_seats and split == "train" and self.mode == "coop":
+            swaps = rng.random(n) < 0.5
+            pairs = [Pair(p.task, p.features[::-1]) if swap else p for p, swap in zip(pairs, swaps)]
+        return pairs
 
     def system_prompt(self, scenario: Pair, role: str) -> str:
         features = self.seat_features(scenario, role)

@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import types
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ from scope_jax.dialogue.speakers import Player, Sample, _replies, model_prompts
 from scope_jax.envs.cooperbench.environment import SESSION, CooperBenchEnv
 from scope_jax.envs.cooperbench.tools import format_call
 from scope_jax.sampling import SamplingConfig
+from scope_jax.training.rl_step import make_episodes
 from tests.envs.cooperbench.conftest import TASK
 
 NOTES = {AGENT: "AGENT-NOTE: I append sort at the end.", SIM: "PARTNER-NOTE: then I add uniq after it."}
@@ -119,3 +121,22 @@ def test_held_out_tasks_make_the_eval_split():
     everything = tuple(t.name for t in env.tasks)
     with pytest.raises(ValueError, match="holds out every task"):
         CooperBenchEnv(eval_tasks=everything)
+
+
+def test_a_grpo_group_shares_its_pair_and_seat_order():
+    env = CooperBenchEnv(isolation="process", swap_seats=True)
+    try:
+        setup = types.SimpleNamespace(env=env, config=types.SimpleNamespace(
+            seed=0, rollout=types.SimpleNamespace(group_size=3)),
+            mode=types.SimpleNamespace(assign=lambda step, size: np.zeros(size, int)))
+        episodes = make_episodes(setup, 0, "train", 40)
+        for g in range(40):
+            scenarios = {(str(e.scenario.task.name), e.scenario.features) for e in episodes if e.group == g}
+            assert len(scenarios) == 1
+        orders = [e.scenario.features for e in episodes]
+        assert any(a < b for a, b in orders) and any(a > b for a, b in orders)  # seats drawn per group
+        swapped = next(e.scenario for e in episodes if e.scenario.features[0] > e.scenario.features[1])
+        assert swapped.task.feature(swapped.features[0]).spec in env.system_prompt(swapped, AGENT)
+        assert all(a < b for a, b in (e.scenario.features for e in make_episodes(setup, 0, "eval", 20)))
+    finally:
+        env.close()
