@@ -40,10 +40,10 @@ def test_the_qwen3_config_passes_the_check(arg):
 @pytest.mark.slow
 def test_one_tiny_step_end_to_end(tmp_path):
     config = cooperbench.get_config()
-    config.agent.update(model="tiny:0", max_context=1024, remat=False)
+    config.agent.update(model="tiny:0", max_context=2048, remat=False)
     config.sim.update(model="tiny:1", remat=False)
     config.eval.sim_models = ("tiny:2",)
-    config.env.update(max_turns=1, isolation="process")
+    config.env.update(max_turns=2, isolation="process")
     config.sampling.max_new_tokens = 8
     config.train.update(steps=1, eval_every=1, checkpoint_every=1, microbatches=1)
     prepare(config)
