@@ -106,19 +106,20 @@ def kv_cache_bytes(arch: ModelConfig, rows: int, length: int = SEQUENCE, dtype: 
     return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * length * rows * BYTES[dtype]
 
 
-def memory_table(shards: int = 8, rows: int = 128) -> str:
+def memory_table(shards: int = 8, rows: int = 128, length: int = TYPICAL, sequence: int = SEQUENCE) -> str:
     """The docs' table (GiB): per device for frozen-simulator training and for co-training on `shards`
-    devices, and the KV cache of a generate call over a whole rollout batch of `rows` dialogues (in
-    total, and per device with the rows spread over `shards` data-parallel devices)."""
+    devices (one sequence of `length` tokens per device), and the KV cache of a generate call over a
+    whole rollout batch of `rows` dialogues at `sequence` slots (in total, and per device with the rows
+    spread over `shards` data-parallel devices)."""
     gib = 2.0**30
-    lines = [f"| model | params | mode | state / device | + activations, 1 sequence of {TYPICAL} tokens "
-             f"| the same with remat | KV cache, {rows} x {SEQUENCE} tokens: total | / device |",
+    lines = [f"| model | params | mode | state / device | + activations, 1 sequence of {length} tokens "
+             f"| the same with remat | KV cache, {rows} x {sequence} tokens: total | / device |",
              "|---|---|---|---|---|---|---|---|"]
     for size, arch in ARCHITECTURES.items():
         for mode, roles in (("frozen", dict(trained=1, frozen=2)),
                             ("cotrain", dict(trained=2, frozen=1, references=1))):
-            m = memory_per_device(arch, shards=shards, **roles)
-            cache = kv_cache_bytes(arch, rows) / gib
+            m = memory_per_device(arch, shards=shards, length=length, **roles)
+            cache = kv_cache_bytes(arch, rows, sequence) / gib
             lines.append(f"| Qwen3-{size.upper()} | {arch.num_params / 1e9:.2f}B | {mode} "
                          f"| {m.state / gib:.1f} | {m.total / gib:.1f} | {m.total_remat / gib:.1f} "
                          f"| {cache:.0f} | {cache / shards:.1f} |")

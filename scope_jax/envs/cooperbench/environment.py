@@ -1,8 +1,9 @@
 """CooperBench as an Environment: two coding agents, one feature each, merged and tested at the end.
 
-Roles. "agent" is seat 1 (the pair's smaller feature id) and "sim" seat 2, the partner: the simulator
-side in SCOPE's terms. Each sees only its own feature.md. In mode "solo" the agent implements both
-features (both specs, the same turn cap) and "sim" never speaks.
+Roles. "agent" is seat 1 (the pair's smaller feature id; with `swap_seats`, the train split puts the
+larger one there half the time) and "sim" seat 2, the partner: the simulator side in SCOPE's terms.
+Each sees only its own feature.md. In mode "solo" the agent implements both features (both specs, the
+same turn cap) and "sim" never speaks.
 
 Turns. Every turn holds one tool call (tools.py). `after_turn` runs it in the speaker's own git worktree
 and appends the result as an ENV message visible to the speaker only. It also makes the speaker's turn
@@ -20,13 +21,17 @@ Rewards. At the end each seat's diff is computed from its worktree (agents never
 the evaluator (evaluation.py) strips test files, merges (plain, then union) and runs both features'
 hidden tests on the merge. Both roles get 1 when all the episode's features pass, else 0; with
 `partial_credit` they get the fraction that passes instead. Logged with them (floats, averaged by the
-loop): success, partial, feature_a_pass / feature_b_pass (the pair's smaller / larger id), naive_conflict
+loop): success, partial, feature_a_pass / feature_b_pass (seat 1's / seat 2's feature), naive_conflict
 (the plain merge had conflicts), merge_failed (conflicts left unresolved), conflict_hunks, messages_sent,
 tool_errors, idle_turns, finished (share of seats that called finish), steps. The full record (merge,
 each feature's test result, each seat's stripped patch, error counts) is episode.info["cooperbench"].
 
-Scenarios are the pairs of every task in `tasks_dir`; the suite has no held-out tasks yet, so the "train"
-and "eval" splits both draw from all pairs.
+Scenarios are the pairs of every task in `tasks_dir`. The tasks named in `eval_tasks` are held out: the
+"eval" split draws from their pairs and "train" from the others' (with none named, both draw from all).
+
+Forks. A deep copy of an episode (the collapse monitor branches episodes that way) gets its own worktree
+for each seat, a new worktree with the original's files as they are at the copy: the copies continue,
+and are evaluated and cleaned up, independently.
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ Tools:
 
 @dataclasses.dataclass(frozen=True)
 class Pair:
-    """A scenario: a task and the features its seats implement (the smaller id goes to seat 1)."""
+    """A scenario: a task and the features its seats implement, in seat order."""
 
     task: Task
     features: tuple[int, int]
@@ -90,10 +95,12 @@ class Pair:
 
 @dataclasses.dataclass
 class Seat:
-    """One agent's state in an episode."""
+    """One agent's state in an episode. A deep copy forks the worktree (repos and task are shared)."""
 
     features: tuple[int, ...]
     worktree: pathlib.Path
+    repos: repo.Repos = dataclasses.field(repr=False, compare=False)
+    task: Task = dataclasses.field(repr=False, compare=False)
     steps: int = 0
     finished: bool = False
     messages_sent: int = 0
@@ -102,6 +109,10 @@ class Seat:
 
     def count_error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def __deepcopy__(self, memo: dict) -> Seat:
+        return dataclasses.replace(self, worktree=self.repos.fork_worktree(self.task, self.worktree),
+                                   errors=dict(self.errors))
 
 
 @dataclasses.dataclass
@@ -121,6 +132,8 @@ class CooperBenchEnv:
     max_file_bytes: int = 64 << 10
     isolation: str = "auto"
     test_wall_seconds: float = 20.0
+    eval_tasks: tuple[str, ...] = ()  # names of the tasks held out for the "eval" split
+    swap_seats: bool = False  # train split: each drawn pair's seat order at random
     first_speaker: str = AGENT
 
     def __post_init__(self):
@@ -128,6 +141,14 @@ class CooperBenchEnv:
             raise ValueError(f"cooperbench mode {self.mode!r} is unknown; known: {', '.join(MODES)}")
         self.tasks = load_tasks(self.tasks_dir)
         self.pairs = [Pair(task, pair) for task in self.tasks for pair in task.pairs()]
+        unknown = sorted(set(self.eval_tasks) - {task.name for task in self.tasks})
+        if unknown:
+            raise ValueError(f"cooperbench eval_tasks {', '.join(unknown)} are not tasks of {self.tasks_dir}")
+        held_out = [p for p in self.pairs if p.task.name in self.eval_tasks]
+        trained = [p for p in self.pairs if p.task.name not in self.eval_tasks]
+        if self.eval_tasks and not trained:
+            raise ValueError("cooperbench eval_tasks holds out every task; the train split would be empty")
+        self.split_pairs = {"train": trained, "eval": held_out or self.pairs}
         self.repos = repo.Repos()
         self._cleanup = weakref.finalize(self, self.repos.close)
         limits = sandbox.Limits(wall_seconds=self.test_wall_seconds)
@@ -157,7 +178,11 @@ class CooperBenchEnv:
     def sample_scenarios(self, n: int, rng: np.random.Generator, split: str = "train") -> list[Any]:
         if split not in SPLITS:
             raise ValueError(f"cooperbench split {split!r} is unknown; known: {', '.join(SPLITS)}")
-        return [self.pairs[i] for i in rng.integers(0, len(self.pairs), n)]
+        pairs = [self.split_pairs[split][i] for i in rng.integers(0, len(self.split_pairs[split]), n)]
+        if self.swap_seats and split == "train" and self.mode == "coop":
+            swaps = rng.random(n) < 0.5
+            pairs = [Pair(p.task, p.features[::-1]) if swap else p for p, swap in zip(pairs, swaps)]
+        return pairs
 
     def system_prompt(self, scenario: Pair, role: str) -> str:
         features = self.seat_features(scenario, role)
@@ -210,7 +235,8 @@ class CooperBenchEnv:
         if SESSION not in episode.info:
             scenario: Pair = episode.scenario
             episode.info[SESSION] = {
-                role: Seat(self.seat_features(scenario, role), self.repos.add_worktree(scenario.task, role))
+                role: Seat(self.seat_features(scenario, role), self.repos.add_worktree(scenario.task, role),
+                           self.repos, scenario.task)
                 for role in self.roles}
         return episode.info[SESSION]
 

@@ -6,11 +6,18 @@ counts no failures or errors and at least one passed test, and (with `exact_coun
 as many passed tests as the feature's gold patch gets: code that exits early, skips collection or prints
 a fake summary does not pass. The gold counts are measured once per feature and kept. After an unresolved
 merge conflict no test runs and both features fail.
+
+Test runs are cached by (task folder, digest of the files written over the base, patches): the same tree and
+tests give the same result, and in a GRPO group many rollouts end with the same tree (often the base
+itself). A run that hit the wall clock is not cached (on a loaded machine it may pass the next time).
+The cache keeps the `CACHE_ENTRIES` latest results.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 import pathlib
 import re
 import tempfile
@@ -24,6 +31,17 @@ from scope_jax.envs.cooperbench.tasks import Task, TaskFormatError
 SUMMARY_LINE = re.compile(r"^=*\s*(?:\d+ \w+(?:, )?)+.* in [\d.]+s\b", re.MULTILINE)
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped)\b")
 OUTPUT_RECORD_CHARS = 2000
+CACHE_ENTRIES = 512
+
+
+def tree_digest(files: Changes) -> str:
+    """A digest of files written over a base tree (path -> content, None: deleted), in any order."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        content = files[path]
+        entry = b"-" if content is None else b"+%d\0" % len(content) + content
+        digest.update(path.encode() + b"\0" + entry)
+    return digest.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +107,28 @@ class Evaluator:
         self.repos, self.limits, self.union, self.exact_count = repos, limits, union, exact_count
         self.isolation = sandbox.resolve_isolation(isolation)
         self._gold_counts: dict[tuple[str, int], int] = {}
+        self._cache: collections.OrderedDict[tuple, sandbox.RunResult] = collections.OrderedDict()
+        self.test_runs = self.cache_hits = 0
 
     def run_tests(self, task: Task, files: Changes, tests_patch: str | None = None,
                   feature_patch: str | None = None) -> sandbox.RunResult:
-        """run_tests.sh on the base tree with `files` written over it, then the patches applied by it."""
+        """run_tests.sh on the base tree with `files` written over it, then the patches applied by it
+        (cached, see the module docstring)."""
+        key = (str(task.path), tree_digest(files), tests_patch, feature_patch)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            self.cache_hits += 1
+            return self._cache[key]
+        result = self._run_tests(task, files, tests_patch, feature_patch)
+        self.test_runs += 1
+        if result.status != "timeout":
+            self._cache[key] = result
+            if len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        return result
+
+    def _run_tests(self, task: Task, files: Changes, tests_patch: str | None,
+                   feature_patch: str | None) -> sandbox.RunResult:
         runs = self.repos.root / "runs"
         runs.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=runs) as work:

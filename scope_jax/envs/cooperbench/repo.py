@@ -90,6 +90,11 @@ def post_images(base: pathlib.Path, patch: str) -> dict[str, bytes | None]:
 def export_tree(base: pathlib.Path, dest: pathlib.Path, files: Changes) -> None:
     """A plain copy of the base tree (no .git) in `dest`, with `files` written over it."""
     shutil.copytree(base, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    write_files(dest, files)
+
+
+def write_files(dest: pathlib.Path, files: Changes) -> None:
+    """Write `files` over the tree in `dest` (None: delete the file)."""
     for path, content in files.items():
         target = dest / path
         if content is None:
@@ -133,6 +138,12 @@ class Repos:
         path = self.root / "worktrees" / f"{self._count:06d}-{_safe_name(label)}"
         git(self.base(task), "worktree", "add", "-q", "--detach", str(path), "HEAD")
         return path
+
+    def fork_worktree(self, task: Task, path: pathlib.Path) -> pathlib.Path:
+        """A new worktree of the task's base with the files of the worktree `path` as they are now."""
+        fork = self.add_worktree(task, path.name.split("-", 1)[-1] + "-fork")
+        write_files(fork, changes(path))
+        return fork
 
     def remove_worktree(self, task: Task, path: pathlib.Path) -> None:
         git(self.base(task), "worktree", "remove", "--force", str(path))

@@ -48,8 +48,24 @@ def test_endless_import_is_a_failure(task, evaluator):
                       exact_count=False)
     files = _source(task, evaluator, 1)
     files["linetools/commands.py"] += b"\nwhile True:\n    pass\n"
-    result = quick.feature_result(task, 1, files)
-    assert not result.passed and result.run.status == "timeout"
+    for _ in range(2):
+        result = quick.feature_result(task, 1, files)
+        assert not result.passed and result.run.status == "timeout"
+    assert (quick.test_runs, quick.cache_hits) == (2, 0)  # a timeout is not cached
+
+
+def test_test_runs_are_cached_by_tree_and_tests(task, evaluator):
+    fresh = Evaluator(evaluator.repos, isolation="process", exact_count=False)
+    gold = _source(task, evaluator, 1)
+    first = fresh.feature_result(task, 1, gold)
+    again = fresh.feature_result(task, 1, dict(reversed(list(gold.items()))))  # the same tree
+    assert first.passed and again == first and (fresh.test_runs, fresh.cache_hits) == (1, 1)
+    other_tests = fresh.feature_result(task, 2, gold)  # the same tree, the other feature's tests
+    changed = dict(gold, **{"linetools/commands.py": gold["linetools/commands.py"] + b"\nX = 1\n"})
+    edited = fresh.feature_result(task, 1, changed)
+    deleted = fresh.feature_result(task, 1, dict(gold, **{"linetools/commands.py": None}))
+    assert not other_tests.passed and edited.passed and not deleted.passed
+    assert (fresh.test_runs, fresh.cache_hits) == (4, 1)
 
 
 # At import: write a pytest summary past pytest's capture (to the saved copy of the output pipe), then exit.
