@@ -8,10 +8,10 @@ agent.model, eval.sim_models, env.judge_model and the simulator key the mode rea
     python -m experiments.run --config=experiments/configs/tau2_qwen3.py:4b:cotrain --config.mesh.fsdp=8
 
 The full benchmark: the agent's prompt holds the policy, Qwen3's template renders the tool schemas
-(`tools=`) and the tool results (`<tool_response>` in a user turn), about 4.5k tokens before the first
-message; episodes of up to 30 tau2 steps, replies up to 256 tokens, views up to 8,192 tokens; 8 tasks x
-8 rollouts per step in 16 micro-batches, bfloat16, remat. `python -m experiments.configs.tau2_qwen3`
-prints the expected memory per device (docs/tau2.md has the table).
+(`tools=`) and the tool results (`<tool_response>` in a user turn): 4.8k tokens (SmolLM2's tokenizer)
+before the first message; episodes of up to 30 tau2 steps, replies up to 256 tokens, views up to 8,192
+tokens; 8 tasks x 8 rollouts per step in 16 micro-batches, bfloat16, remat. `python -m
+experiments.configs.tau2_qwen3` prints the expected memory per device (docs/tau2.md has the table).
 """
 
 from __future__ import annotations
