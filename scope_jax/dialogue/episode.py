@@ -20,7 +20,9 @@ class Message:
 
     A model-generated message also keeps the exact token ids it sampled (stop token included) and
     their behaviour log-probs; those ids, not a re-tokenisation of `text`, are what the role trains on.
-    `visible_to` lists the roles whose context contains the message.
+    `visible_to` lists the roles whose context contains the message. `tool_result` marks an environment
+    message that answers a role's tool call: the roles that see it get it as their chat template's tool
+    turn (role "tool") instead of a user turn.
     """
 
     role: str
@@ -29,6 +31,7 @@ class Message:
     logprobs: tuple[float, ...] | None = None
     stopped: bool = False  # generation ended with a stop token (the last sampled id)
     visible_to: tuple[str, ...] = ROLES
+    tool_result: bool = False
 
 
 @dataclasses.dataclass

@@ -27,7 +27,7 @@ from jax.sharding import Mesh
 from transformers import PreTrainedTokenizerBase
 
 from scope_jax.dialogue.episode import Episode, Message
-from scope_jax.dialogue.views import RoleView
+from scope_jax.dialogue.views import RoleView, template_tools
 from scope_jax.envs.base import Environment
 from scope_jax.sampling import SamplingConfig, generate, generate_population
 
@@ -108,11 +108,11 @@ def model_prompts(player: Player, env: Environment, role: str,
                   episodes: Sequence[Episode]) -> list[RoleView | None]:
     """Grow each episode's view of `role` into the prompt of its next turn; None (view left as it was)
     where that prompt and a reply would not fit the player's context."""
-    views = []
+    views, tools = [], template_tools(env, role)
     for episode in episodes:
         view = episode.views.setdefault(role, RoleView())
         segment = view.next_prompt(player.tokenizer, env.system_prompt(episode.scenario, role),
-                                   episode.messages, role)
+                                   episode.messages, role, tools)
         if player.fits(len(view) + len(segment.ids)):
             view.add_prompt(segment)
             views.append(view)

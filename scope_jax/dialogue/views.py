@@ -1,10 +1,13 @@
 """Each role's token view of a dialogue, grown turn by turn.
 
 A role sees the dialogue through its own tokenizer and chat template: its system prompt, its own
-messages as "assistant" turns and everything else it may see as "user" turns (so the simulator sees the
-roles flipped). The view is built piece by piece: the template's own text between message contents is
-tokenised on its own, the other side's text is tokenised as text, and the role's own sampled messages
-are the exact ids it sampled. Nothing a model generated is ever re-tokenised.
+messages as "assistant" turns, the results of its tool calls (`Message.tool_result`) as "tool" turns, and
+everything else it may see as "user" turns (so the simulator sees the roles flipped). An environment
+with tools for a role names them (`template_tools`), and the template renders them in the system turn
+(Qwen3's does; a template without tool support ignores them, and the environment then describes the
+tools in the system prompt's text instead). The view is built piece by piece: the template's own text
+between message contents is tokenised on its own, the other side's text is tokenised as text, and the
+role's own sampled messages are the exact ids it sampled. Nothing a model generated is ever re-tokenised.
 
 A `RoleView` only ever grows. Before each of the role's turns it is extended by the tokens that make it
 that turn's prompt (`next_prompt`: the template text and messages since the role's last reply, and the
@@ -22,6 +25,7 @@ rewrote, removed or hid an earlier message).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
@@ -45,10 +49,21 @@ class Segment:
 
 
 def chat_entries(system_prompt: str, messages: list[Message], me: str) -> list[tuple[str, Message | str]]:
-    """The chat `me` sees, as (template role, content): its system prompt, own turns as assistant,
-    visible others as user. A content is the Message itself, or the system prompt's text."""
-    return [("system", system_prompt)] + [("assistant" if m.role == me else "user", m)
-                                          for m in messages if me in m.visible_to]
+    """The chat `me` sees, as (template role, content): its system prompt, own turns as assistant, tool
+    results as tool, visible others as user. A content is the Message itself, or the system prompt's text."""
+    return [("system", system_prompt)] + [(_template_role(m, me), m) for m in messages if me in m.visible_to]
+
+
+def _template_role(message: Message, me: str) -> str:
+    if message.role == me:
+        return "assistant"
+    return "tool" if message.tool_result else "user"
+
+
+def template_tools(env: Any, role: str) -> tuple[dict[str, Any], ...]:
+    """The function schemas `env` gives `role`'s chat template (its optional `template_tools(role)`)."""
+    tools = getattr(env, "template_tools", None)
+    return tuple(tools(role)) if tools is not None else ()
 
 
 def _text(content: Message | str) -> str:
@@ -75,15 +90,16 @@ class RoleView:
         return len(self.ids)
 
     def next_prompt(self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, messages: list[Message],
-                    me: str) -> Segment:
-        """The tokens that make this view the prompt of `me`'s next turn; the view itself is unchanged."""
+                    me: str, tools: Sequence[dict[str, Any]] = ()) -> Segment:
+        """The tokens that make this view the prompt of `me`'s next turn; the view itself is unchanged.
+        `tools`: the function schemas passed to the template (the same at every turn of an episode)."""
         entries = chat_entries(system_prompt, messages, me)
         chat = tuple((role, _text(content)) for role, content in entries)
         if chat[:len(self.chat)] != self.chat:
             raise ViewError(f"the dialogue the {me} already saw changed (an earlier message was rewritten, "
                             "removed or hidden), so its token view no longer holds")
         pieces = template_pieces(tokenizer, [{"role": r, "content": t} for r, t in chat],
-                                 add_generation_prompt=True)
+                                 add_generation_prompt=True, tools=tools)
         encode = lambda text: list(tokenizer(text, add_special_tokens=False).input_ids) if text else []
         ids, mask, logprobs = [], [], []
         stop = self.stop_token
@@ -130,10 +146,10 @@ class RoleView:
 
 
 def prompt_ids(tokenizer: PreTrainedTokenizerBase, system_prompt: str, messages: list[Message],
-               me: str) -> tuple[int, ...]:
+               me: str, tools: Sequence[dict[str, Any]] = ()) -> tuple[int, ...]:
     """The prompt of `me`'s next turn rendered afresh (for prompts that no view keeps: probes, a system
     prompt other than the role's own)."""
-    return RoleView().next_prompt(tokenizer, system_prompt, messages, me).ids
+    return RoleView().next_prompt(tokenizer, system_prompt, messages, me, tools).ids
 
 
 def _own(message: Message) -> tuple[tuple[list[int], list[float]], int | None]:

@@ -48,5 +48,9 @@ class Environment(Protocol):
     #     survey question such as P4G's "how much do you donate?") that the simulator then answers in one
     #     extra turn; [] for none. Environments without it end at the turn limit.
 
+    # Optional: def template_tools(self, role: str) -> Sequence[dict]
+    #     The function schemas of `role`'s tools for its chat template's `tools=` (see
+    #     scope_jax.dialogue.views); environments without it, or [] for a role: no tools.
+
     def rewards(self, episode: Episode) -> dict[str, float]:
         """Rewards of a finished episode: {"agent": r, "sim": r_sim} (other keys are logged)."""

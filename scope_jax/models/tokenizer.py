@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import weakref
+from typing import Any, Sequence
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -42,26 +44,28 @@ _PIECES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def template_pieces(tokenizer: PreTrainedTokenizerBase, messages: list[dict], *,
-                    add_generation_prompt: bool = False) -> list[str]:
+                    add_generation_prompt: bool = False, tools: Sequence[dict[str, Any]] = ()) -> list[str]:
     """The chat template's own text around the message contents: len(messages) + 1 strings, so that
     pieces[0] + c0 + pieces[1] + c1 + ... + pieces[-1] is the rendering with contents c0, c1, ... inserted
     verbatim. Contents are never seen by the template (each is replaced by a unique marker), so the pieces
     do not depend on them, and they are cached by everything else: role views render the template once
-    per own turn of every episode, and jinja rendering is most of their cost."""
+    per own turn of every episode, and jinja rendering is most of their cost. `tools`: function schemas
+    passed to the template as `tools=` (templates with tool support list them in the system turn)."""
     shape = tuple(repr(sorted((k, v) for k, v in m.items() if k != "content")) for m in messages)
     cache = _PIECES.setdefault(tokenizer, {})
-    key = (tokenizer.chat_template, add_generation_prompt, shape)
+    key = (tokenizer.chat_template, add_generation_prompt, shape, json.dumps(list(tools), sort_keys=True))
     if key not in cache:
-        cache[key] = tuple(_render_pieces(tokenizer, messages, add_generation_prompt))
+        cache[key] = tuple(_render_pieces(tokenizer, messages, add_generation_prompt, tools))
     return list(cache[key])
 
 
-def _render_pieces(tokenizer: PreTrainedTokenizerBase, messages: list[dict],
-                   add_generation_prompt: bool) -> list[str]:
+def _render_pieces(tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool,
+                   tools: Sequence[dict[str, Any]]) -> list[str]:
     markers = [_MARKER.format(i) for i in range(len(messages))]
     marked = tokenizer.apply_chat_template([dict(message, content=marker) for message, marker in
                                             zip(messages, markers)],
-                                           tokenize=False, add_generation_prompt=add_generation_prompt)
+                                           tokenize=False, add_generation_prompt=add_generation_prompt,
+                                           tools=list(tools) or None)
     pieces, rest = [], marked
     for marker in markers:
         if rest.count(marker) != 1:

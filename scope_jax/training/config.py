@@ -31,6 +31,10 @@ def default_config() -> ml_collections.ConfigDict:
     # The settings of every environment; each takes those its class has (see make_env).
     c.env = ml_collections.ConfigDict({"name": "target_word", "max_turns": 2,
                                        "data_dir": "../shared/data/p4g", "unreadable_reward": 0.0})
+    # tau2 (scope_jax.envs.tau2.Tau2Env; its defaults)
+    c.env.update({"domain": "retail", "max_steps": 200, "max_errors": 10, "grading": "basis",
+                  "fix_quirks": False, "tool_format": "template", "train_split": "train",
+                  "eval_split": "test", "judge_model": "", "agent_prompt": "full"})
     # dtype and max_context hold for every model; remat (recompute each layer in the backward pass: less
     # activation memory, about a third more compute) for the agent's model, and in self-play both roles'.
     c.agent = ml_collections.ConfigDict({"model": "tiny:0", "dtype": "float32", "max_context": 512,

@@ -26,9 +26,10 @@ first use from the scenario, so episodes can be copied (forks share the loaded d
 `rewards` runs the evaluator (`evaluator.py`) and leaves the full `Evaluation` in
 `episode.info["tau2_evaluation"]`.
 
-Tool formats: "template" (results are the raw tool output; the chat template renders tools and
-results, phase 2) or "text" (for templates without tool support: the tools and the calling convention
-are in the system prompts, results come wrapped in <tool_response> tags).
+Tool formats: "template" (the role's chat template renders its tools, `template_tools`, and the raw
+tool output as its tool turns, `Message.tool_result`: Qwen3's) or "text" (for templates without tool
+support, SmolLM2's: the tools and the calling convention are in the system prompts, results are user
+turns wrapped in <tool_response> tags).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from scope_jax.envs.base import TurnResult
 from scope_jax.envs.tau2 import data, prompts
 from scope_jax.envs.tau2.domain import Domain, DomainState, load_domain
 from scope_jax.envs.tau2.evaluator import GRADINGS, USER_STOP, Evaluation, evaluate
-from scope_jax.envs.tau2.judge import Judge
+from scope_jax.envs.tau2.judge import Judge, ModelJudge
 from scope_jax.envs.tau2.schemas import toolkit_schemas
 from scope_jax.envs.tau2.tasks import (ACTION, COMMUNICATE, DB, ENV_ASSERTION, NL_ASSERTION, Task,
                                        Tau2DataError, scenario_text)
@@ -57,6 +58,7 @@ STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
 MAX_STEPS, TOO_MANY_ERRORS = "max_steps", "too_many_errors"
 AGENT_ERROR, USER_ERROR = "agent_error", "user_error"
 TOOL_FORMATS = ("template", "text")
+AGENT_PROMPTS = ("full", "compact")
 _SPEAKER = {ASSISTANT: AGENT, USER: SIM}
 
 
@@ -87,7 +89,10 @@ class Tau2Env:
     limits (200 and 10 in its CLI; 100 steps in its gym). grading: "basis" or "db_communicate"
     (evaluator.py). fix_quirks: the retail quirk fixes (retail.py). tool_format: "template" or "text".
     train_split / eval_split: the task splits that the engine's "train" and "eval" draw from (mock has
-    only "base"). judge: the NL_ASSERTION judge (None: NL assertions not evaluated)."""
+    only "base"). judge: the NL_ASSERTION judge (None: NL assertions not evaluated); judge_model: a
+    model spec (name, HF folder, .gguf) to judge with when no judge is given (`ModelJudge`). agent_prompt:
+    "full" (instructions, policy, tools) or "compact" (no policy, one line per tool in the "text" format:
+    a CPU stand-in, since the agent no longer sees the rules it is graded by)."""
 
     data_dir: str = data.DEFAULT_DATA_DIR
     domain: str = "retail"
@@ -99,6 +104,8 @@ class Tau2Env:
     train_split: str = "train"
     eval_split: str = "test"
     judge: Judge | None = None
+    judge_model: str = ""
+    agent_prompt: str = "full"
     first_speaker: ClassVar[str] = SIM
 
     def __post_init__(self):
@@ -106,8 +113,12 @@ class Tau2Env:
             raise ValueError(f"grading {self.grading!r} is not one of {', '.join(GRADINGS)}")
         if self.tool_format not in TOOL_FORMATS:
             raise ValueError(f"tool_format {self.tool_format!r} is not one of {', '.join(TOOL_FORMATS)}")
+        if self.agent_prompt not in AGENT_PROMPTS:
+            raise ValueError(f"agent_prompt {self.agent_prompt!r} is not one of {', '.join(AGENT_PROMPTS)}")
         if self.max_steps < 1 or self.max_errors < 1:
             raise ValueError("max_steps and max_errors must be at least 1")
+        if self.judge is None and self.judge_model:
+            self.judge = ModelJudge(self.judge_model)
         self.domain_data: Domain = load_domain(self.data_dir, self.domain)
         for split in (self.train_split, self.eval_split):
             self.domain_data.split(split)
@@ -135,11 +146,17 @@ class Tau2Env:
         toolkit = spec.agent_tools if role == AGENT else spec.user_tools
         return toolkit_schemas(toolkit) if toolkit is not None else []
 
+    def template_tools(self, role: str) -> list[dict[str, Any]]:
+        """The tools `role`'s chat template renders: its schemas in the "template" tool format, else none
+        (the "text" format lists them in the system prompt)."""
+        return self.tool_schemas(role) if self.tool_format == "template" else []
+
     def system_prompt(self, scenario: Any, role: str) -> str:
         tools = self.tool_schemas(role)
-        listing = prompts.tools_text(tools) if tools and self.tool_format == "text" else ""
+        compact = role == AGENT and self.agent_prompt == "compact"
+        listing = prompts.tools_text(tools, compact) if tools and self.tool_format == "text" else ""
         if role == AGENT:
-            return prompts.agent_prompt(self.domain_data.policy, listing)
+            return prompts.agent_prompt(None if compact else self.domain_data.policy, listing)
         return prompts.user_prompt(self._guidelines, scenario_text(scenario), listing)
 
     def opening(self, scenario: Any) -> list[Message]:
@@ -219,8 +236,10 @@ class Tau2Env:
     def _message(self, turn: Turn) -> Message:
         """A turn as the engine's message: tool traffic visible to its requestor's role only."""
         if turn.role == TOOL:
-            text = prompts.tool_response_text(turn.content) if self.tool_format == "text" else turn.content
-            return Message(ENV, text or "", visible_to=(_SPEAKER[turn.requestor],))
+            if self.tool_format == "text":
+                return Message(ENV, prompts.tool_response_text(turn.content or ""),
+                               visible_to=(_SPEAKER[turn.requestor],))
+            return Message(ENV, turn.content or "", visible_to=(_SPEAKER[turn.requestor],), tool_result=True)
         speaker = _SPEAKER[turn.role]
         if turn.tool_calls:
             text = "\n".join([turn.content or ""] + [format_tool_call(c) for c in turn.tool_calls]).strip()

@@ -4,7 +4,9 @@ Agent: `<instructions>` (ours: serve the user within the policy; per turn a mess
 never both) and `<policy>` (the domain's policy.md, verbatim). User simulator: tau2-bench's guideline
 file from the data folder (the tools variant when the user has tools), a blank line, then the task's
 scenario between `<scenario>` lines. With the "text" tool format (templates without tool support), the
-role's tools and the `<tool_call>` convention are appended to its prompt (`tools_text`).
+role's tools and the `<tool_call>` convention are appended to its prompt (`tools_text`). The compact
+agent prompt (for CPU runs of small models, where a 4.8k-token prompt is out of reach) leaves out the
+policy and lists each tool on one line.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ AGENT_INSTRUCTIONS = (
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 
 
-def agent_prompt(policy: str, tools: str = "") -> str:
-    prompt = f"<instructions>\n{AGENT_INSTRUCTIONS}\n</instructions>\n<policy>\n{policy}\n</policy>"
+def agent_prompt(policy: str | None, tools: str = "") -> str:
+    """The agent's instructions, the policy (None: left out) and the tools text."""
+    prompt = f"<instructions>\n{AGENT_INSTRUCTIONS}\n</instructions>"
+    if policy is not None:
+        prompt += f"\n<policy>\n{policy}\n</policy>"
     return f"{prompt}\n\n{tools}" if tools else prompt
 
 
@@ -33,15 +38,24 @@ def user_prompt(guidelines: str, scenario: str, tools: str = "") -> str:
     return f"{prompt}\n\n{tools}" if tools else prompt
 
 
-def tools_text(schemas: Sequence[dict[str, Any]]) -> str:
-    """The tools and how to call them, for a prompt (the "text" tool format)."""
-    listing = "\n".join(json.dumps(schema) for schema in schemas)
+def tools_text(schemas: Sequence[dict[str, Any]], compact: bool = False) -> str:
+    """The tools and how to call them, for a prompt (the "text" tool format); `compact`: one line per
+    tool, `name(argument, ...): description`, in place of its JSON schema."""
+    listing = "\n".join(signature(schema) if compact else json.dumps(schema) for schema in schemas)
     example = json.dumps({"name": "TOOL_NAME", "arguments": {"ARGUMENT": "VALUE"}})
-    return ("# Tools\n\nYou can call these tools, described as JSON schemas:\n"
+    described = "one per line as name(arguments): what it does" if compact else "described as JSON schemas"
+    return (f"# Tools\n\nYou can call these tools, {described}:\n"
             f"<tools>\n{listing}\n</tools>\n\n"
             f"To call a tool, answer with only the call, as a JSON object between {OPEN} and {CLOSE}:\n"
             f"{OPEN}\n{example}\n{CLOSE}\n"
             f"The result comes back in the next message, between {RESPONSE_OPEN} and {RESPONSE_CLOSE}.")
+
+
+def signature(schema: dict[str, Any]) -> str:
+    """`name(argument, ...): description` of an OpenAI function schema (its first paragraph)."""
+    function = schema["function"]
+    arguments = ", ".join(function["parameters"]["properties"])
+    return f"{function['name']}({arguments}): {function['description'].split(chr(10))[0]}"
 
 
 def tool_response_text(content: str) -> str:

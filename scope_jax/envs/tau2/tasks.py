@@ -73,6 +73,10 @@ class Task:
     def __str__(self) -> str:
         return self.id
 
+    def __deepcopy__(self, memo) -> Task:
+        """Read-only: a copied episode (a fork) keeps its task, which the environment knows by identity."""
+        return self
+
 
 def _field(record: dict, key: str, where: str) -> Any:
     if key not in record:

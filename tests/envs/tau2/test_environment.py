@@ -1,6 +1,8 @@
 """Tau2Env's episode logic: T10 (termination), agent and user failures, who sees what and who speaks next,
 the tool formats, prompts, scenarios and registration."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -172,8 +174,6 @@ def test_registration_and_bad_settings(tmp_path):
 
 
 def test_episodes_copy_cheaply_and_independently(retail_env):
-    import copy
-
     episode = Episode(task(retail_env), group=0)
     episode.messages.extend(retail_env.opening(episode.scenario))
     retail_env.after_turn(episode, Message(SIM, "hi"))
@@ -181,3 +181,16 @@ def test_episodes_copy_cheaply_and_independently(retail_env):
     retail_env.after_turn(fork, Message(AGENT, CANCEL))
     assert fork.info["tau2"].state.agent.db.get("orders", "#W4862767")["status"] == "cancelled"
     assert episode.info["tau2"].state.agent.db.get("orders", "#W4862767")["status"] == "pending"
+
+
+def test_a_copied_episode_keeps_its_task_and_state(retail_env):
+    """Forks deep-copy episodes (the collapse monitor's variance split): the copy still plays and scores."""
+    episode = Episode(task(retail_env), group=0)
+    episode.messages.extend(retail_env.opening(episode.scenario))
+    fork = copy.deepcopy(episode)
+    assert fork.scenario is episode.scenario
+    message = Message(AGENT, LOOKUP)
+    fork.messages.append(message)
+    assert retail_env.after_turn(fork, message).messages  # the tool ran on the fork's own state
+    fork.end_reason = "max_steps"
+    assert retail_env.rewards(fork)["agent"] == 0.0 and retail_env.episode_state(episode).tool_calls == 0
