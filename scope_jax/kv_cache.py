@@ -193,10 +193,15 @@ def create(graphdef: nnx.GraphDef, params: Params, rows: int, *, groups: int | N
     shape = layout.lead + (config.num_layers, layout.padded_rows, config.num_kv_heads,
                            bucket(capacity, MIN_CAPACITY), config.head_dim)
     shardings = layout.shardings(prefix=False)
-    zeros = jax.jit(lambda: KVCache(*(jnp.zeros(shape, embedding.dtype) for _ in range(2))),
-                    out_shardings=None if shardings is None else shardings.rows)
-    return RowCache(CacheArrays(zeros(), None), (np.zeros(0, np.int32),) * layout.flat_rows,
+    zeros = _zeros(shape, embedding.dtype, None if shardings is None else shardings.rows)
+    return RowCache(CacheArrays(zeros, None), (np.zeros(0, np.int32),) * layout.flat_rows,
                     np.zeros(layout.flat_rows, np.int32), None, layout, CacheStats())
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _zeros(shape: tuple[int, ...], dtype, shardings: KVCache | None) -> KVCache:
+    rows = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    return rows if shardings is None else jax.lax.with_sharding_constraint(rows, shardings)
 
 
 def _flat_views(layout: Layout, views) -> dict[int, np.ndarray]:
@@ -370,8 +375,8 @@ def _generate_call(graphdef: nnx.GraphDef, params: Params, arrays: CacheArrays, 
         model = nnx.merge(graphdef, params)
         hidden, rows, prefix = _prefill(model, arrays, tokens, starts, prefix_lengths)
         logits = last_logits(model, hidden, lengths)
-        out, cache = sample_loop(model, list(zip(rows.k, rows.v)), prefix, logits, starts + lengths, lengths > 0,
-                                 key, config)
+        out, cache = sample_loop(model, list(zip(rows.k, rows.v)), prefix, logits, starts + lengths,
+                                 lengths > 0, key, config)
         return out, arrays._replace(rows=KVCache(*(jnp.stack(layers) for layers in zip(*cache))))
 
     out, arrays = _per_member(member, population, params, arrays, key, tokens, lengths, starts,
@@ -397,8 +402,8 @@ def extend(graphdef: nnx.GraphDef, params: Params, cache: RowCache, views) -> Ro
     sampling; returns the updated cache (the one passed in is consumed)."""
     cache, flat, call, (tokens, _, starts, prefix_lengths) = _prepared(graphdef, params, cache, views, None)
     layout = cache.layout
-    arrays = _extend_call(graphdef, params, cache.arrays, tokens, starts, prefix_lengths, layout.members is not None,
-                          layout.shardings(cache.arrays.prefix is not None))
+    arrays = _extend_call(graphdef, params, cache.arrays, tokens, starts, prefix_lengths,
+                          layout.members is not None, layout.shardings(cache.arrays.prefix is not None))
     ids = list(cache.ids)
     for row, view in flat.items():
         ids[row] = view
@@ -417,8 +422,8 @@ def generate(graphdef: nnx.GraphDef, params: Params, cache: RowCache, views, key
     """
     cache, flat, call, inputs = _prepared(graphdef, params, cache, views, config)
     layout = cache.layout
-    out, arrays = _generate_call(graphdef, params, cache.arrays, *inputs, key, config,
-                                 layout.members is not None, layout.shardings(cache.arrays.prefix is not None))
+    population, shardings = layout.members is not None, layout.shardings(cache.arrays.prefix is not None)
+    out, arrays = _generate_call(graphdef, params, cache.arrays, *inputs, key, config, population, shardings)
     out = jax.device_get(out)
     per_row = lambda x: x.reshape((layout.flat_rows,) + x.shape[len(layout.lead) + 1:])
     tokens, lengths = per_row(out.tokens), per_row(out.lengths)

@@ -132,6 +132,16 @@ def shared_prefix(q, k, v, lengths, block: int = BLOCK) -> Partial:
     return Partial(*map(unfold, partial))
 
 
+def scores_bytes(q_len: int, k_len: int, kv_heads: int, groups: int, block: int = BLOCK) -> int:
+    """Bytes of float32 scores one row's attention holds at once in one layer, for q_len queries (per query
+    head) over k_len keys: the whole kv_heads x (groups q_len) x k_len matrix when it is small, else one
+    block x block tile per kv head (the probabilities take as much again)."""
+    queries = groups * q_len
+    if _small(queries, k_len, block):
+        return 4 * kv_heads * queries * k_len
+    return 4 * kv_heads * min(queries, block) * min(k_len, block)
+
+
 def normalize(partial: Partial, dtype) -> jax.Array:
     """The attention output [N, H, Q, d] of a finished `partial` (0 for queries that saw nothing)."""
     return (partial.out / jnp.where(partial.sum == 0, 1.0, partial.sum)[..., None]).astype(dtype)
