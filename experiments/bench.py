@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scope_jax import kv_cache
+from scope_jax import kv_cache, sampling
 from scope_jax.logprobs import token_logprobs
 from scope_jax.models import ModelConfig, from_pretrained, init, save_pretrained
 from scope_jax.sampling import SamplingConfig, generate
@@ -375,6 +375,47 @@ def bench_rollout(args: argparse.Namespace) -> float:
     headline = ("SmolLM2-135M", "p4g") if ("SmolLM2-135M", "p4g") in ratios else (headline or list(ratios))[0]
     print(f"headline: {headline[0]}, {headline[1]} shape: ours cached over transformers re-prefilling")
     return ratios[headline]
+
+
+DECODE_KINDS = (  # (kind, pattern of the jax op name or HLO instruction) in the order they are tried
+    ("output head", r"\.\.\.d,dv->\.\.\.v"), ("attention", r"nhqd,nhsd->nhqs|nhqs,nhsd->nhqd"),
+    ("layer matmuls", r"dot_general|^dot|ynn"), ("cache writes", r"dynamic.update.slice|scatter"),
+    ("sampling", r"argmax|log_softmax|top_k|categorical|reduce_max|exp|sort"),
+    ("copies / transposes", r"^copy|^transpose|\bcopy"),
+)
+
+
+def op_seconds(fn: Callable, *args) -> collections.Counter:
+    """XLA op seconds of one profiled call of jitted `fn`, by DECODE_KINDS (else "other")."""
+    hlo = fn.lower(*args).compile().as_text()
+    ops = {m.group(1): m.group(2) for m in re.finditer(r"^\s+%(\S+) = .*?op_name=\"([^\"]*)\"", hlo, re.M)}
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            jax.block_until_ready(fn(*args))
+        with gzip.open(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)[0]) as f:
+            events = json.load(f)["traceEvents"]
+    seconds = collections.Counter()
+    for event in events:
+        name = event.get("name", "")
+        if event.get("ph") != "X" or name not in ops or name.startswith("while"):
+            continue
+        kind = next((kind for kind, pattern in DECODE_KINDS if re.search(pattern, ops[name])
+                     or re.search(pattern, name)), "other")
+        seconds[kind] += event["dur"] / 1e6
+    return seconds
+
+
+def decode_step_breakdown(graphdef, params, prompts: np.ndarray, new: int) -> dict[str, float]:
+    """Milliseconds of one decode step by kind of op: the op time of a `new`-token generation minus that
+    of a 1-token one (the prefill), over new - 1 steps; op times of parallel threads add up."""
+    def op_ms(tokens: int) -> collections.Counter:
+        config = SamplingConfig(temperature=0.0, max_new_tokens=tokens)
+        args = (graphdef, params, jnp.asarray(prompts), jnp.full(len(prompts), prompts.shape[1], jnp.int32),
+                jax.random.key(0), config)
+        return op_seconds(sampling._decode_jit, *args)
+
+    full, prefill = op_ms(new), op_ms(1)
+    return {kind: (full[kind] - prefill[kind]) / (new - 1) * 1e3 for kind in full}
 
 
 def matmul_fns(size: int = 4096) -> tuple[float, dict[str, Callable[[], Any]]]:

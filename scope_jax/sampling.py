@@ -189,12 +189,16 @@ def sample_loop(model: nnx.Module, cache: list[tuple[jax.Array, jax.Array]], pre
     (None: none). Inactive rows (active[b] False) generate nothing. The layers run as a Python loop over
     per-layer weights and per-layer caches, split once before the loop: XLA:CPU copies a layer's weights
     out of the stacked arrays at every step of a scan (and a layer's cache out of a stacked cache), which
-    at batch 16 costs about as much as the matmuls themselves.
+    at batch 16 costs about as much as the matmuls themselves. Each step runs feature-major
+    (`Block.decode_step`), on kernels transposed once before the loop.
     """
     new = config.max_new_tokens
     block_graphdef, stacked = nnx.split(model.layers)
     blocks = [nnx.merge(block_graphdef, jax.tree.map(lambda a: a[i], stacked))
               for i in range(model.config.num_layers)]
+    # Materialised before the loop: left to itself, XLA folds the transposes back into the matmuls.
+    weights, head = jax.lax.optimization_barrier(([block.decode_weights() for block in blocks],
+                                                  model.head_weight().T))  # head [vocab, d]
     prefixes = ([None] * len(blocks) if prefix is None else
                 [(k, v, prefix.lengths) for k, v in zip(prefix.cache.k, prefix.cache.v)])
     inv_freq = rope_inverse_frequencies(model.config)
@@ -210,13 +214,17 @@ def sample_loop(model: nnx.Module, cache: list[tuple[jax.Array, jax.Array]], pre
 
     def body(state: _State) -> _State:
         # Feed every row's previous token at its own position: its context's end + its index.
-        x = model.embed_tokens(jax.lax.dynamic_slice_in_dim(state.tokens, state.index - 1, 1, axis=1))
+        x = model.embed_tokens(jax.lax.dynamic_index_in_dim(state.tokens, state.index - 1, 1, False)).T
         positions = (ends + state.index - 1)[:, None]
         cache = []
-        for block, layer_cache, layer_prefix in zip(blocks, state.cache, prefixes):
-            x, layer_cache = block(x, positions, inv_freq, layer_cache, layer_prefix)
+        for block, layer_weights, layer_cache, layer_prefix in zip(blocks, weights, state.cache, prefixes):
+            x, layer_cache = block.decode_step(layer_weights, x, positions, inv_freq, layer_cache,
+                                               layer_prefix)
             cache.append(layer_cache)
-        logits = model.logits(model.norm(x)[:, 0])
+        # [vocab, B] from the matmul (its fast layout, kept by the barrier), then transposed (a small copy)
+        logits = jnp.einsum("vd,db->vb", head.astype(x.dtype), model.norm(x, axis=0),
+                            preferred_element_type=jnp.float32)
+        logits = jax.lax.optimization_barrier(logits).T
         return _emit(state._replace(cache=cache), logits, key, config)
 
     state = jax.lax.while_loop(cond, body, state)

@@ -91,10 +91,14 @@ class RMSNorm(nnx.Module):
         self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
         self.eps = eps
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, axis: int = -1) -> jax.Array:
+        """Normalised over `axis` (0: a feature-major [d, B] activation)."""
         x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.weight[...] * normed.astype(x.dtype)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + self.eps)
+        weight = self.weight[...]
+        if axis != -1:
+            weight = weight.reshape((-1,) + (1,) * (x.ndim - 1 - axis))
+        return weight * normed.astype(x.dtype)
 
 
 def _linear(d_in: int, d_out: int, bias: bool, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
@@ -124,6 +128,14 @@ class Attention(nnx.Module):
         q = self.q_proj(x).reshape(b, length, c.num_heads, c.head_dim)
         k = self.k_proj(x).reshape(b, length, c.num_kv_heads, c.head_dim)
         v = self.v_proj(x).reshape(b, length, c.num_kv_heads, c.head_dim)
+        out, cache = self.attend(q, k, v, positions, inv_freq, cache, prefix)
+        return self.o_proj(out.astype(x.dtype)), cache
+
+    def attend(self, q, k, v, positions, inv_freq, cache, prefix):
+        """The attention output [B, L, heads * head_dim] (before o_proj) of projected q [B, L, heads,
+        head_dim], k, v [B, L, kv_heads, head_dim], and the updated cache (see `__call__`)."""
+        c = self.config
+        b, length = positions.shape
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
@@ -154,7 +166,7 @@ class Attention(nnx.Module):
             partial = attention.accumulate(partial, q, k, v, query_positions, key_positions, self.block)
             out = attention.normalize(partial, v.dtype)
         out = out.reshape(b, c.num_kv_heads, groups, length, c.head_dim).transpose(0, 3, 1, 2, 4)
-        return self.o_proj(out.reshape(b, length, c.num_heads * c.head_dim).astype(x.dtype)), cache
+        return out.reshape(b, length, c.num_heads * c.head_dim), cache
 
 
 @jax.custom_vjp
@@ -218,6 +230,43 @@ class Block(nnx.Module):
         h, cache = self.self_attn(self.input_layernorm(x), positions, inv_freq, cache, prefix)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+    def decode_weights(self) -> "DecodeWeights":
+        """This layer's kernels laid out for `decode_step` (a copy: make it once, outside the loop)."""
+        attn, mlp = self.self_attn, self.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        bias = (jnp.concatenate([p.bias[...] for p in projections]) if attn.config.attention_bias else None)
+        gate_up = jnp.concatenate([mlp.gate_proj.kernel[...].T, mlp.up_proj.kernel[...].T])
+        return DecodeWeights(qkv=jnp.concatenate([p.kernel[...].T for p in projections]), qkv_bias=bias,
+                             o=attn.o_proj.kernel[...].T, gate_up=gate_up, down=mlp.down_proj.kernel[...].T)
+
+    def decode_step(self, weights: "DecodeWeights", x: jax.Array, positions, inv_freq, cache, prefix=None):
+        """This layer on one token per row, feature-major: x [d, B] at positions [B, 1] (the same
+        result as `__call__` on x.T[:, None]). XLA:CPU runs a [out, in] @ [in, B] matmul with a few columns
+        several times faster than [B, in] @ [in, out], and a decode step is little but such matmuls."""
+        c = self.self_attn.config
+        dtype = x.dtype
+        qkv = weights.qkv.astype(dtype) @ self.input_layernorm(x, axis=0)
+        if weights.qkv_bias is not None:
+            qkv = qkv + weights.qkv_bias.astype(dtype)[:, None]
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q, k, v = jnp.split(qkv.T[:, None], [q_size, q_size + kv_size], axis=-1)  # each [B, 1, size]
+        heads = lambda a, n: a.reshape(a.shape[0], 1, n, c.head_dim)
+        out, cache = self.self_attn.attend(heads(q, c.num_heads), heads(k, c.num_kv_heads),
+                                           heads(v, c.num_kv_heads), positions, inv_freq, cache, prefix)
+        x = x + weights.o.astype(dtype) @ out[:, 0].astype(dtype).T
+        gate, up = jnp.split(weights.gate_up.astype(dtype) @ self.post_attention_layernorm(x, axis=0), 2)
+        return x + weights.down.astype(dtype) @ (jax.nn.silu(gate) * up), cache
+
+
+class DecodeWeights(NamedTuple):
+    """One layer's kernels for `Block.decode_step`, [out, in]: q, k and v fused, gate and up fused."""
+
+    qkv: jax.Array
+    qkv_bias: jax.Array | None
+    o: jax.Array
+    gate_up: jax.Array
+    down: jax.Array
 
 
 class Decoder(nnx.Module):

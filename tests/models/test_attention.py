@@ -104,3 +104,26 @@ def test_blockwise_memory_is_linear_in_the_length():
     assert scratch(2048, 2048) >= scores_bytes  # dense: the test can see a score matrix
     assert scratch(2048, 256) < scores_bytes / 4
     assert scratch(2048, 256) < 2.5 * scratch(1024, 256)
+
+
+def test_decoder_logprobs_and_gradients_are_the_same_blockwise():
+    """The decoder with 4-key blocks (prefill and training blockwise) against the dense one (which
+    tests/models/test_parity.py checks against transformers): token log-probs and every gradient."""
+    from scope_jax.logprobs import token_logprobs
+    from scope_jax.models import ModelConfig, init
+
+    config = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                         num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
+    graphdef_dense, params = init(config, seed=0)
+    graphdef_blocks, _ = init(config, seed=0, attention_block=4)
+    tokens = jnp.asarray(np.random.default_rng(4).integers(0, 64, (2, 24)))
+    positions = jnp.broadcast_to(jnp.arange(24), tokens.shape)
+
+    def loss(graphdef):
+        return jax.jit(jax.value_and_grad(
+            lambda p: -jnp.sum(token_logprobs(graphdef, p, tokens, positions, chunk_size=8).logprobs)))
+
+    (dense, dense_grad), (blocks, blocks_grad) = loss(graphdef_dense)(params), loss(graphdef_blocks)(params)
+    np.testing.assert_allclose(float(blocks), float(dense), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(blocks_grad), jax.tree.leaves(dense_grad)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
