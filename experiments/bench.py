@@ -9,7 +9,8 @@ ever makes a run slower, and alternating exposes both sides to the same load.
               early stop) against transformers `generate` in PyTorch on the same float32 weights, batch 16
               and 64, for a ~5M-parameter random Llama and SmolLM2-135M. Headline: SmolLM2 at batch 16.
               Where the time goes: prefill vs per-token decode, against the time to read every weight
-              once (what a decode step costs at least when it is memory-bound).
+              once (what a decode step costs at least when it is memory-bound), and a decode step's XLA
+              op time by kind (layer matmuls, output head, attention, cache writes, sampling, copies).
   rollout     multi-turn greedy rollouts at the sampler level, batch 16, on synthetic dialogues (a shared
               system prompt, then per turn a fixed random 'other side' message and template tokens, and
               the model's own reply of `message` tokens, no early stop; the same inputs for every column):
@@ -147,7 +148,7 @@ def bench_sampler(args: argparse.Namespace) -> float:
     import torch
 
     prompt_len, new = 64, 64
-    rows, headline = [], None
+    rows, headline, breakdowns = [], None, {}
     for name, model_config, graphdef, params in models(args.models):
         reference = torch_model(model_config, params).eval()
         read_s = weight_read_seconds(params, args.repeats)
@@ -187,6 +188,9 @@ def bench_sampler(args: argparse.Namespace) -> float:
                   f"({threads} threads), ratio {ratio:.2f}", flush=True)
             if name == "SmolLM2-135M" and batch == 16 or headline is None:
                 headline = ratio
+            if batch == args.batches[0]:
+                kinds = decode_step_breakdown(graphdef, params, prompts.astype(np.int32), 17)
+                breakdowns[name, batch] = (kinds, step_ms, read_s * 1e3)
     print(f"\nsampler: greedy, prompt {prompt_len}, {new} new tokens, best of {args.repeats} alternating "
           "warm runs")
     print(f"{'model':<14}{'batch':>6}{'ours tok/s':>11}{'torch tok/s':>12}{'threads':>8}{'ratio':>7}"
@@ -200,6 +204,14 @@ def bench_sampler(args: argparse.Namespace) -> float:
     print("decode ms/tok: one decode step for the whole batch; GFLOP/s: forward matmul FLOPs per second of "
           "the prefill and of a decode step (a decode step's matmuls have only `batch` rows); read weights "
           "ms: one pass over all parameters (a memory-bound step's floor); threads: torch's faster setting")
+    print("\nwhere a decode step goes (XLA op time of one step, 16 new tokens minus the prefill, summed over "
+          "threads; the step's wall time against the weight-read floor):")
+    for (name, batch), (kinds, step_ms, read_ms) in breakdowns.items():
+        total = sum(kinds.values())
+        parts = ", ".join(f"{kind} {ms:.1f} ms ({ms / total:.0%})"
+                          for kind, ms in sorted(kinds.items(), key=lambda item: -item[1]))
+        print(f"  {name} batch {batch}: step {step_ms:.1f} ms = {step_ms / read_ms:.2f} x {read_ms:.1f} ms; "
+              f"{parts}")
     return headline
 
 
