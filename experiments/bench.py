@@ -323,7 +323,7 @@ def torch_rollout_columns(reference,
 ROLLOUT_TABLE = (  # (label, key, format) of each column of the rollout table
     ("model", "model", "{:<13}"), ("shape", "shape", "{:<5}"), ("turns", "turns", "{:>5}"),
     ("column", "column", "{:<29}"), ("gen tok/s", "tokens_per_s", "{:>9.1f}"),
-    ("wall s", "seconds", "{:>7.1f}"), ("cached x", "speedup", "{:>8.2f}"),
+    ("wall s", "seconds", "{:>7.1f}"), ("s/turn", "turn_s", "{:>6.2f}"), ("cached x", "speedup", "{:>8.2f}"),
     ("peak MiB", "peak_mib", "{:>8.0f}"), ("compile s", "compile_s", "{:>9}"),
     ("same tok", "same", "{:>8.2f}"),
 )
@@ -368,6 +368,7 @@ def bench_rollout(args: argparse.Namespace) -> float:
                 table.append(dict(
                     model=name, shape=shape_name, turns=f"{turns}/{shape.turns}", column=column,
                     tokens_per_s=rows * turns * shape.message / best[column], seconds=best[column],
+                    turn_s=best[column] / turns,
                     speedup=best[column] / best["ours, cached"], peak_mib=peak[column] / 2**20,
                     compile_s=f"{first[column] - best[column]:.1f}" if column in first else "",
                     same=float(np.mean(np.concatenate(replies[column], 1) == reprefilled))))
@@ -381,9 +382,10 @@ def bench_rollout(args: argparse.Namespace) -> float:
     print(f"\nrollout: greedy, batch {rows}, no early stop; best of {args.repeats} alternating warm "
           f"dialogues; torch {threads} thread(s); shapes: {described}")
     print_table(table, ROLLOUT_TABLE)
-    print("turns: run / of the shape (--full runs all); cached x: this column's wall time over ours cached; "
-          "peak MiB: peak RSS added over the RSS before the run (the weights already loaded); compile s: the "
-          "first dialogue's extra time (jax compilation); same tok: replies equal to ours re-prefilling's")
+    print("turns: run / of the shape (the first ones; --full runs all); s/turn: wall s / turns run; "
+          "cached x: this column's wall time over ours cached; peak MiB: peak RSS added over the RSS before "
+          "the run (the weights already loaded); compile s: the first dialogue's extra time (jax "
+          "compilation); same tok: replies equal to ours re-prefilling's")
     print("headline: SmolLM2-135M, p4g shape: ours cached over transformers re-prefilling")
     return ratios.get(("SmolLM2-135M", "p4g"), float("nan"))
 
@@ -396,8 +398,9 @@ DECODE_KINDS = (  # (kind, pattern of the jax op name or HLO instruction) in the
 )
 
 
-def op_seconds(fn: Callable, *args) -> collections.Counter:
-    """XLA op seconds of one profiled call of jitted `fn`, by DECODE_KINDS (else "other")."""
+def profiled_ops(fn: Callable, *args) -> Iterator[tuple[str, str, float]]:
+    """(HLO instruction, jax op name, seconds) of each XLA op run by one profiled call of jitted `fn`
+    (while loops left out: their bodies' ops are counted)."""
     hlo = fn.lower(*args).compile().as_text()
     ops = {m.group(1): m.group(2) for m in re.finditer(r"^\s+%(\S+) = .*?op_name=\"([^\"]*)\"", hlo, re.M)}
     with tempfile.TemporaryDirectory() as folder:
@@ -405,14 +408,19 @@ def op_seconds(fn: Callable, *args) -> collections.Counter:
             jax.block_until_ready(fn(*args))
         with gzip.open(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)[0]) as f:
             events = json.load(f)["traceEvents"]
-    seconds = collections.Counter()
     for event in events:
         name = event.get("name", "")
-        if event.get("ph") != "X" or name not in ops or name.startswith("while"):
-            continue
-        kind = next((kind for kind, pattern in DECODE_KINDS if re.search(pattern, ops[name])
-                     or re.search(pattern, name)), "other")
-        seconds[kind] += event["dur"] / 1e6
+        if event.get("ph") == "X" and name in ops and not name.startswith("while"):
+            yield name, ops[name], event["dur"] / 1e6
+
+
+def op_seconds(fn: Callable, *args) -> collections.Counter:
+    """XLA op seconds of one profiled call of jitted `fn`, by DECODE_KINDS (else "other")."""
+    seconds = collections.Counter()
+    for name, op, duration in profiled_ops(fn, *args):
+        kind = next((kind for kind, pattern in DECODE_KINDS
+                     if re.search(pattern, op) or re.search(pattern, name)), "other")
+        seconds[kind] += duration
     return seconds
 
 
@@ -468,26 +476,16 @@ def op_time_breakdown(fn: Callable, *args) -> dict[tuple[str, str], float]:
     work), "other" (elementwise, reductions, slicing). Op times of parallel threads add up, so the
     total can exceed the wall time.
     """
-    hlo = fn.lower(*args).compile().as_text()
-    ops = {m.group(1): m.group(2) for m in re.finditer(r"^\s+%(\S+) = .*?op_name=\"([^\"]*)\"", hlo, re.M)}
-    with tempfile.TemporaryDirectory() as folder:
-        with jax.profiler.trace(folder, create_perfetto_trace=True):
-            jax.block_until_ready(fn(*args))
-        with gzip.open(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)[0]) as f:
-            events = json.load(f)["traceEvents"]
     seconds = collections.Counter()
-    for event in events:
-        name = event.get("name", "")
-        if event.get("ph") != "X" or name not in ops or name.startswith("while"):
-            continue
-        phase = "backward" if "transpose(jvp" in ops[name] else "forward"
-        if name.startswith("dot") or name.startswith("ynn") and ops[name].endswith("dot_general"):
+    for name, op, duration in profiled_ops(fn, *args):
+        phase = "backward" if "transpose(jvp" in op else "forward"
+        if name.startswith("dot") or name.startswith("ynn") and op.endswith("dot_general"):
             kind = "matmul"
         elif "transpose" in name or "copy" in name:
             kind = "transpose/copy"
         else:
             kind = "other"
-        seconds[(phase, kind)] += event["dur"] / 1e6
+        seconds[(phase, kind)] += duration
     return dict(seconds)
 
 
