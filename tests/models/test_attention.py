@@ -112,8 +112,8 @@ def test_decoder_logprobs_and_gradients_are_the_same_blockwise():
     from scope_jax.logprobs import token_logprobs
     from scope_jax.models import ModelConfig, init
 
-    config = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                         num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
+    config = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
     graphdef_dense, params = init(config, seed=0)
     graphdef_blocks, _ = init(config, seed=0, attention_block=4)
     tokens = jnp.asarray(np.random.default_rng(4).integers(0, 64, (2, 24)))
