@@ -9,7 +9,18 @@ ever makes a run slower, and alternating exposes both sides to the same load.
               early stop) against transformers `generate` in PyTorch on the same float32 weights, batch 16
               and 64, for a ~5M-parameter random Llama and SmolLM2-135M. Headline: SmolLM2 at batch 16.
               Where the time goes: prefill vs per-token decode, against the time to read every weight
-              once (what a decode step costs at least when it is memory-bound).
+              once (what a decode step costs at least when it is memory-bound), and a decode step's XLA
+              op time by kind (layer matmuls, output head, attention, cache writes, sampling, copies).
+  rollout     multi-turn greedy rollouts at the sampler level, batch 16, on synthetic dialogues (a shared
+              system prompt, then per turn a fixed random 'other side' message and template tokens, and
+              the model's own reply of `message` tokens, no early stop; the same inputs for every column):
+              ours with per-row KV caches kept across turns and a shared prefix (`scope_jax.kv_cache`),
+              ours re-prefilling every view (`scope_jax.sampling.generate`), transformers `generate` per
+              turn on the whole history, and transformers carrying its `past_key_values` (DynamicCache)
+              across turns. Shapes: p4g (10 turns, 40-token messages, 512-token prompt) and tau2 (20
+              turns, 40-token messages, 4,096-token prompt). Generated tokens/s, wall time, and the peak
+              resident memory each column adds (peak RSS above the RSS before it, the weights already
+              loaded). Headline: ours cached over transformers re-prefilling, SmolLM2, p4g shape.
   train_step  forward + backward of the masked mean token log-prob loss (`scope_jax.logprobs`), batch
               8 x 256, tokens/s against PyTorch on the same weights, and achieved GFLOP/s against this
               machine's float32 matmul peak measured in the same run. Headline: SmolLM2. Where the time
@@ -26,13 +37,14 @@ ever makes a run slower, and alternating exposes both sides to the same load.
               forward of a KL term runs inside the update), its row is the forward pass such a recompute
               would cost, marked as not part of the step.
 
-The sampler and train_step headlines are SmolLM2's: without the SmolLM2 wheel they print ratio=nan.
+The sampler, rollout and train_step headlines are SmolLM2's: without the SmolLM2 wheel they print ratio=nan.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import glob
 import gzip
 import json
@@ -47,6 +59,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scope_jax import kv_cache, sampling
 from scope_jax.logprobs import token_logprobs
 from scope_jax.models import ModelConfig, from_pretrained, init, save_pretrained
 from scope_jax.sampling import SamplingConfig, generate
@@ -136,7 +149,7 @@ def bench_sampler(args: argparse.Namespace) -> float:
     import torch
 
     prompt_len, new = 64, 64
-    rows, headline = [], float("nan")
+    rows, headline, breakdowns = [], float("nan"), {}
     for name, model_config, graphdef, params in models(args.models):
         reference = torch_model(model_config, params).eval()
         read_s = weight_read_seconds(params, args.repeats)
@@ -176,6 +189,9 @@ def bench_sampler(args: argparse.Namespace) -> float:
                   f"({threads} threads), ratio {ratio:.2f}", flush=True)
             if name == "SmolLM2-135M" and batch == 16:
                 headline = ratio
+            if batch == args.batches[0]:
+                kinds = decode_step_breakdown(graphdef, params, prompts.astype(np.int32), 17)
+                breakdowns[name, batch] = (kinds, step_ms, read_s * 1e3)
     print(f"\nsampler: greedy, prompt {prompt_len}, {new} new tokens, best of {args.repeats} alternating "
           "warm runs")
     print(f"{'model':<14}{'batch':>6}{'ours tok/s':>11}{'torch tok/s':>12}{'threads':>8}{'ratio':>7}"
@@ -189,7 +205,236 @@ def bench_sampler(args: argparse.Namespace) -> float:
     print("decode ms/tok: one decode step for the whole batch; GFLOP/s: forward matmul FLOPs per second of "
           "the prefill and of a decode step (a decode step's matmuls have only `batch` rows); read weights "
           "ms: one pass over all parameters (a memory-bound step's floor); threads: torch's faster setting")
+    print("\nwhere a decode step goes (XLA op time of one step, 16 new tokens minus the prefill, summed over "
+          "threads; the step's wall time against the weight-read floor):")
+    for (name, batch), (kinds, step_ms, read_ms) in breakdowns.items():
+        total = sum(kinds.values())
+        parts = ", ".join(f"{kind} {ms:.1f} ms ({ms / total:.0%})"
+                          for kind, ms in sorted(kinds.items(), key=lambda item: -item[1]))
+        print(f"  {name} batch {batch}: step {step_ms:.1f} ms = {step_ms / read_ms:.2f} x {read_ms:.1f} ms; "
+              f"{parts}")
     return headline
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutShape:
+    """A synthetic dialogue: `turns` replies of `message` tokens after a shared `prompt`-token prompt, each
+    reply preceded by an other-side message of `message` tokens wrapped in TEMPLATE_TOKENS template ids."""
+
+    turns: int
+    message: int
+    prompt: int
+
+
+ROLLOUT_SHAPES = {"p4g": RolloutShape(turns=10, message=40, prompt=512),
+                  "tau2": RolloutShape(turns=20, message=40, prompt=4096)}
+TEMPLATE_TOKENS = 8  # e.g. "<|im_end|>\n<|im_start|>user\n" before and "...assistant\n" after a message
+# Turns run by default where re-prefilling every turn takes tens of minutes on this CPU (--full: all).
+QUICK_TURNS = {("SmolLM2-135M", "tau2"): 4}
+
+
+def peak_rss_above(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """(fn(), the peak resident memory in bytes it added above the RSS before it): Linux's peak RSS is reset
+    (/proc/self/clear_refs) before the call and read after it."""
+    def status(field: str) -> float:
+        with open("/proc/self/status") as f:
+            return next(float(line.split()[1]) * 1024 for line in f if line.startswith(field))
+
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = status("VmRSS:")
+    out = fn()
+    return out, status("VmHWM:") - before
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticDialogue:
+    """The fixed inputs of one rollout: the first history [rows, prompt + message + template] (a shared
+    prompt, then each row's first other-side turn) and the other side's later turns [turns, rows, ...]."""
+
+    first: np.ndarray
+    others: np.ndarray
+    reply_tokens: int
+
+    @classmethod
+    def make(cls, shape: RolloutShape, turns: int, rows: int, vocab: int) -> "SyntheticDialogue":
+        rng = np.random.RandomState(0)
+        prompt = np.broadcast_to(rng.randint(1, vocab, shape.prompt), (rows, shape.prompt))
+        others = rng.randint(1, vocab, (turns, rows, shape.message + TEMPLATE_TOKENS)).astype(np.int32)
+        return cls(np.concatenate([prompt, others[0]], axis=1).astype(np.int32), others, shape.message)
+
+    def play(self, reply: Callable[[np.ndarray], np.ndarray]) -> list[np.ndarray]:
+        """Each turn's replies [rows, reply_tokens], `reply` mapping the history so far to them."""
+        history, replies = self.first, []
+        for turn in range(len(self.others)):
+            replies.append(np.asarray(reply(history)))
+            if turn + 1 < len(self.others):
+                history = np.concatenate([history, replies[-1], self.others[turn + 1]], axis=1)
+        return replies
+
+
+def ours_rollout_columns(graphdef, params, dialogue: SyntheticDialogue,
+                         mesh=None) -> dict[str, Callable[[], list[np.ndarray]]]:
+    """{column: play the whole dialogue greedily}: with per-row caches kept across turns (one group, so
+    the prompt is a shared prefix), and re-prefilling every turn's history."""
+    config = SamplingConfig(temperature=0.0, max_new_tokens=dialogue.reply_tokens)
+    key, rows = jax.random.key(0), len(dialogue.first)
+
+    def cached():
+        cache = kv_cache.create(graphdef, params, rows, mesh=mesh)
+
+        def reply(history):
+            nonlocal cache
+            out, cache = kv_cache.generate(graphdef, params, cache, list(history), key, config)
+            return out.tokens
+
+        return dialogue.play(reply)
+
+    def reprefilling():
+        return dialogue.play(lambda history: jax.device_get(generate(
+            graphdef, params, history, np.full(rows, history.shape[1]), key, config, mesh).tokens))
+
+    return {"ours, cached": cached, "ours, re-prefilling": reprefilling}
+
+
+def torch_rollout_columns(reference,
+                          dialogue: SyntheticDialogue) -> dict[str, Callable[[], list[np.ndarray]]]:
+    """{column: play the whole dialogue greedily with transformers}: `generate` on the whole history each
+    turn, and the same carrying its DynamicCache across turns (it then prefills only the new tokens)."""
+    import torch
+    from transformers import DynamicCache
+
+    def reply(history, cache=None):
+        ids = torch.from_numpy(history.astype(np.int64))
+        with torch.inference_mode():
+            new = dialogue.reply_tokens
+            out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=new, min_new_tokens=new, pad_token_id=0, cache=cache)
+        return out[:, history.shape[1]:].numpy()
+
+    def carrying_cache():
+        cache = DynamicCache()
+        return dialogue.play(lambda history: reply(history, cache))
+
+    return {"transformers, re-prefilling": lambda: dialogue.play(reply),
+            "transformers, past_key_values": carrying_cache}
+
+
+ROLLOUT_TABLE = (  # (label, key, format) of each column of the rollout table
+    ("model", "model", "{:<13}"), ("shape", "shape", "{:<5}"), ("turns", "turns", "{:>5}"),
+    ("column", "column", "{:<29}"), ("gen tok/s", "tokens_per_s", "{:>9.1f}"),
+    ("wall s", "seconds", "{:>7.1f}"), ("s/turn", "turn_s", "{:>6.2f}"), ("cached x", "speedup", "{:>8.2f}"),
+    ("peak MiB", "peak_mib", "{:>8.0f}"), ("compile s", "compile_s", "{:>9}"),
+    ("same tok", "same", "{:>8.2f}"),
+)
+
+
+def print_table(rows: list[dict[str, Any]], spec: tuple[tuple[str, str, str], ...]) -> None:
+    """Rows (dicts) as aligned columns, one per (label, key, format) of `spec`, separated by a space."""
+    widths = [len(fmt.format(row[key])) for row in rows[:1] for _, key, fmt in spec]
+    print(" ".join(f"{label:>{w}}" if ">" in fmt else f"{label:<{w}}"
+                   for (label, _, fmt), w in zip(spec, widths)))
+    for row in rows:
+        print(" ".join(fmt.format(row[key]) for _, key, fmt in spec))
+
+
+@benchmark
+def bench_rollout(args: argparse.Namespace) -> float:
+    import torch
+
+    rows, table, ratios = 16, [], {}
+    shapes = {name: ROLLOUT_SHAPES[name] for name in args.shapes}
+    for name, model_config, graphdef, params in models(args.models):
+        reference = torch_model(model_config, params).eval()
+        threads = torch_threads(lambda: reference.generate(torch.ones((rows, 8), dtype=torch.long),
+                                                           max_new_tokens=4, pad_token_id=0))
+        for shape_name, shape in shapes.items():
+            quick = QUICK_TURNS.get((name, shape_name), shape.turns)
+            turns = args.turns or (shape.turns if args.full else quick)
+            dialogue = SyntheticDialogue.make(shape, turns, rows, model_config.vocab_size)
+            ours = ours_rollout_columns(graphdef, params, dialogue)
+            first = {column: timed(play, 0)[0] for column, play in ours.items()}  # compiles
+            columns = {**ours, **torch_rollout_columns(reference, dialogue)}
+            best, peak = dict.fromkeys(columns, float("inf")), dict.fromkeys(columns, 0.0)
+            replies = {}
+            for _ in range(args.repeats):  # alternating, as best_of, with each run's peak memory
+                for column, play in columns.items():
+                    start = time.perf_counter()
+                    replies[column], added = peak_rss_above(play)
+                    best[column] = min(best[column], time.perf_counter() - start)
+                    peak[column] = max(peak[column], added)
+            reprefilled = np.concatenate(replies["ours, re-prefilling"], 1)
+            for column in columns:
+                table.append(dict(
+                    model=name, shape=shape_name, turns=f"{turns}/{shape.turns}", column=column,
+                    tokens_per_s=rows * turns * shape.message / best[column], seconds=best[column],
+                    turn_s=best[column] / turns,
+                    speedup=best[column] / best["ours, cached"], peak_mib=peak[column] / 2**20,
+                    compile_s=f"{first[column] - best[column]:.1f}" if column in first else "",
+                    same=float(np.mean(np.concatenate(replies[column], 1) == reprefilled))))
+            ratios[name, shape_name] = best["transformers, re-prefilling"] / best["ours, cached"]
+            times = ", ".join(f"{column} {best[column]:.1f}s" for column in columns)
+            ratio = ratios[name, shape_name]
+            print(f"  {name} {shape_name} ({turns} turns): {times}; ratio {ratio:.2f}", flush=True)
+    described = "; ".join(f"{n} = {s.turns} turns of {s.message}-token replies after {s.message}-token "
+                          f"messages (+{TEMPLATE_TOKENS} template tokens), {s.prompt}-token shared prompt"
+                          for n, s in shapes.items())
+    print(f"\nrollout: greedy, batch {rows}, no early stop; best of {args.repeats} alternating warm "
+          f"dialogues; torch {threads} thread(s); shapes: {described}")
+    print_table(table, ROLLOUT_TABLE)
+    print("turns: run / of the shape (the first ones; --full runs all); s/turn: wall s / turns run; "
+          "cached x: this column's wall time over ours cached; peak MiB: peak RSS added over the RSS before "
+          "the run (the weights already loaded); compile s: the first dialogue's extra time (jax "
+          "compilation); same tok: replies equal to ours re-prefilling's")
+    print("headline: SmolLM2-135M, p4g shape: ours cached over transformers re-prefilling")
+    return ratios.get(("SmolLM2-135M", "p4g"), float("nan"))
+
+
+DECODE_KINDS = (  # (kind, pattern of the jax op name or HLO instruction) in the order they are tried
+    ("output head", r"\.\.\.d,dv->\.\.\.v"), ("attention", r"nhqd,nhsd->nhqs|nhqs,nhsd->nhqd"),
+    ("layer matmuls", r"dot_general|^dot|ynn"), ("cache writes", r"dynamic.update.slice|scatter"),
+    ("sampling", r"argmax|log_softmax|top_k|categorical|reduce_max|exp|sort"),
+    ("copies / transposes", r"^copy|^transpose|\bcopy"),
+)
+
+
+def profiled_ops(fn: Callable, *args) -> Iterator[tuple[str, str, float]]:
+    """(HLO instruction, jax op name, seconds) of each XLA op run by one profiled call of jitted `fn`
+    (while loops left out: their bodies' ops are counted)."""
+    hlo = fn.lower(*args).compile().as_text()
+    ops = {m.group(1): m.group(2) for m in re.finditer(r"^\s+%(\S+) = .*?op_name=\"([^\"]*)\"", hlo, re.M)}
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            jax.block_until_ready(fn(*args))
+        with gzip.open(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)[0]) as f:
+            events = json.load(f)["traceEvents"]
+    for event in events:
+        name = event.get("name", "")
+        if event.get("ph") == "X" and name in ops and not name.startswith("while"):
+            yield name, ops[name], event["dur"] / 1e6
+
+
+def op_seconds(fn: Callable, *args) -> collections.Counter:
+    """XLA op seconds of one profiled call of jitted `fn`, by DECODE_KINDS (else "other")."""
+    seconds = collections.Counter()
+    for name, op, duration in profiled_ops(fn, *args):
+        kind = next((kind for kind, pattern in DECODE_KINDS
+                     if re.search(pattern, op) or re.search(pattern, name)), "other")
+        seconds[kind] += duration
+    return seconds
+
+
+def decode_step_breakdown(graphdef, params, prompts: np.ndarray, new: int) -> dict[str, float]:
+    """Milliseconds of one decode step by kind of op: the op time of a `new`-token generation minus that
+    of a 1-token one (the prefill), over new - 1 steps; op times of parallel threads add up."""
+    def op_ms(tokens: int) -> collections.Counter:
+        config = SamplingConfig(temperature=0.0, max_new_tokens=tokens)
+        args = (graphdef, params, jnp.asarray(prompts), jnp.full(len(prompts), prompts.shape[1], jnp.int32),
+                jax.random.key(0), config)
+        return op_seconds(sampling._decode_jit, *args)
+
+    full, prefill = op_ms(new), op_ms(1)
+    return {kind: (full[kind] - prefill[kind]) / (new - 1) * 1e3 for kind in full}
 
 
 def matmul_fns(size: int = 4096) -> tuple[float, dict[str, Callable[[], Any]]]:
@@ -231,26 +476,16 @@ def op_time_breakdown(fn: Callable, *args) -> dict[tuple[str, str], float]:
     work), "other" (elementwise, reductions, slicing). Op times of parallel threads add up, so the
     total can exceed the wall time.
     """
-    hlo = fn.lower(*args).compile().as_text()
-    ops = {m.group(1): m.group(2) for m in re.finditer(r"^\s+%(\S+) = .*?op_name=\"([^\"]*)\"", hlo, re.M)}
-    with tempfile.TemporaryDirectory() as folder:
-        with jax.profiler.trace(folder, create_perfetto_trace=True):
-            jax.block_until_ready(fn(*args))
-        with gzip.open(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)[0]) as f:
-            events = json.load(f)["traceEvents"]
     seconds = collections.Counter()
-    for event in events:
-        name = event.get("name", "")
-        if event.get("ph") != "X" or name not in ops or name.startswith("while"):
-            continue
-        phase = "backward" if "transpose(jvp" in ops[name] else "forward"
-        if name.startswith("dot") or name.startswith("ynn") and ops[name].endswith("dot_general"):
+    for name, op, duration in profiled_ops(fn, *args):
+        phase = "backward" if "transpose(jvp" in op else "forward"
+        if name.startswith("dot") or name.startswith("ynn") and op.endswith("dot_general"):
             kind = "matmul"
         elif "transpose" in name or "copy" in name:
             kind = "transpose/copy"
         else:
             kind = "other"
-        seconds[(phase, kind)] += event["dur"] / 1e6
+        seconds[(phase, kind)] += duration
     return dict(seconds)
 
 
@@ -498,12 +733,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", choices=sorted(BENCHMARKS))
-    parser.add_argument("--repeats", type=int, default=2, help="warm runs per measurement (the best is kept)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="warm runs per measurement (the best is kept); default 2, rollout 1")
     parser.add_argument("--models", nargs="+", default=["5m", "smollm2"], choices=["5m", "smollm2"])
     parser.add_argument("--batches", nargs="+", type=int, default=[16, 64], help="sampler batch sizes")
+    parser.add_argument("--shapes", nargs="+", default=list(ROLLOUT_SHAPES), choices=list(ROLLOUT_SHAPES),
+                        help="rollout: dialogue shapes")
+    parser.add_argument("--turns", type=int, default=None, help="rollout: turns per dialogue (default: the "
+                        "shape's, fewer where QUICK_TURNS says so)")
+    parser.add_argument("--full", action="store_true", help="rollout: every shape's full number of turns")
     parser.add_argument("--mode", default="frozen",
                         help="rl_step: the simulator mode of experiments/configs/target_word.py")
     args = parser.parse_args()
+    args.repeats = args.repeats or (1 if args.name == "rollout" else 2)
     ratio = BENCHMARKS[args.name](args)
     print(f"ratio={ratio:.3f}")
 

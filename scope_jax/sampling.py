@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scope_jax import sharding
-from scope_jax.models.decoder import KVCache, Params, rope_inverse_frequencies
+from scope_jax.models.decoder import KVCache, Params, SharedPrefix, rope_inverse_frequencies
 
 MIN_PROMPT_BUCKET = 16
 
@@ -153,59 +153,83 @@ def decode(graphdef: nnx.GraphDef, params: Params, prompt_tokens: jax.Array, pro
 
     Pure and traceable; the KV cache (P + max_new_tokens slots per row) lives and dies inside. A row
     with prompt length 0 is inactive: it generates nothing (this is how `generate` pads the batch).
-
-    The prefill runs the decoder's layer scan. The decode loop instead runs the layers as a Python loop
-    over per-layer weights and per-layer caches, split once before the loop: XLA:CPU copies a layer's
-    weights out of the stacked arrays at every step of a scan (and a layer's cache out of a stacked cache),
-    which at batch 16 costs about as much as the matmuls themselves.
     """
     chex.assert_rank([prompt_tokens, prompt_lengths], [2, 1])
     chex.assert_type([prompt_tokens, prompt_lengths], int)
     batch, prompt_len = prompt_tokens.shape
     chex.assert_shape(prompt_lengths, (batch,))
     model = nnx.merge(graphdef, params)
-    model_config = model.config
     prompt_lengths = prompt_lengths.astype(jnp.int32)
-    new = config.max_new_tokens
 
     # Prefill: the prompts' keys and values (P slots: prompts attend only among themselves) and the
     # logits after each row's last prompt token.
     positions = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), (batch, prompt_len))
-    cache = KVCache.zeros(model_config, batch, prompt_len, params["embed_tokens"]["embedding"].dtype)
+    cache = KVCache.zeros(model.config, batch, prompt_len, params["embed_tokens"]["embedding"].dtype)
     hidden, cache = model.hidden(prompt_tokens, positions, cache)
-    last = jnp.maximum(prompt_lengths - 1, 0)
-    logits = model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
+    logits = last_logits(model, hidden, prompt_lengths)
+    grow = lambda layer_cache: jnp.pad(layer_cache, ((0, 0), (0, 0), (0, config.max_new_tokens), (0, 0)))
+    out, _ = sample_loop(model, [(grow(k), grow(v)) for k, v in zip(cache.k, cache.v)], None, logits,
+                         prompt_lengths, prompt_lengths > 0, key, config)
+    return out
 
-    # Decode: one Block and one cache (grown by `new` slots) per layer.
+
+def last_logits(model: nnx.Module, hidden: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Float32 logits [B, V] after token lengths[b] - 1 of each row of `hidden` [B, L, d]."""
+    last = jnp.maximum(lengths - 1, 0)
+    return model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
+
+
+def sample_loop(model: nnx.Module, cache: list[tuple[jax.Array, jax.Array]], prefix: SharedPrefix | None,
+                logits: jax.Array, ends: jax.Array, active: jax.Array, key: jax.Array,
+                config: SamplingConfig) -> tuple[SampleOutput, list[tuple[jax.Array, jax.Array]]]:
+    """Sample from `logits` [B, V], then decode: (the samples, the cache after the last step).
+
+    cache: per layer (k, v) [B, kv_heads, slots, head_dim] holding every row's context; row b's context
+    ends before position ends[b], where its first sampled token goes; prefix: the shared prefix it sees
+    (None: none). Inactive rows (active[b] False) generate nothing. The layers run as a Python loop over
+    per-layer weights and per-layer caches, split once before the loop: XLA:CPU copies a layer's weights
+    out of the stacked arrays at every step of a scan (and a layer's cache out of a stacked cache), which
+    at batch 16 costs about as much as the matmuls themselves. Each step runs feature-major
+    (`Block.decode_step`), on kernels transposed once before the loop.
+    """
+    new = config.max_new_tokens
     block_graphdef, stacked = nnx.split(model.layers)
     blocks = [nnx.merge(block_graphdef, jax.tree.map(lambda a: a[i], stacked))
-              for i in range(model_config.num_layers)]
-    inv_freq = rope_inverse_frequencies(model_config)
-    grow = lambda layer_cache: jnp.pad(layer_cache, ((0, 0), (0, 0), (0, new), (0, 0)))
-    state = _State(index=jnp.zeros((), jnp.int32),
-                   cache=[(grow(k), grow(v)) for k, v in zip(cache.k, cache.v)],
+              for i in range(model.config.num_layers)]
+    # Materialised before the loop: left to itself, XLA folds the transposes back into the matmuls.
+    weights, head = jax.lax.optimization_barrier(([block.decode_weights() for block in blocks],
+                                                  model.head_weight().T))  # head [vocab, d]
+    prefixes = ([None] * len(blocks) if prefix is None else
+                [(k, v, prefix.lengths) for k, v in zip(prefix.cache.k, prefix.cache.v)])
+    inv_freq = rope_inverse_frequencies(model.config)
+    batch = logits.shape[0]
+    state = _State(index=jnp.zeros((), jnp.int32), cache=cache,
                    tokens=jnp.full((batch, new), config.pad_token_id, jnp.int32),
                    logprobs=jnp.zeros((batch, new), jnp.float32),
-                   lengths=jnp.zeros((batch,), jnp.int32), done=prompt_lengths == 0)
+                   lengths=jnp.zeros((batch,), jnp.int32), done=~active)
     state = _emit(state, logits, key, config)
 
     def cond(state: _State) -> jax.Array:
         return (state.index < new) & ~jnp.all(state.done)
 
     def body(state: _State) -> _State:
-        # Feed every row's previous token at its own position: prompt length + its index.
-        x = model.embed_tokens(jax.lax.dynamic_slice_in_dim(state.tokens, state.index - 1, 1, axis=1))
-        positions = (prompt_lengths + state.index - 1)[:, None]
+        # Feed every row's previous token at its own position: its context's end + its index.
+        x = model.embed_tokens(jax.lax.dynamic_index_in_dim(state.tokens, state.index - 1, 1, False)).T
+        positions = (ends + state.index - 1)[:, None]
         cache = []
-        for block, layer_cache in zip(blocks, state.cache):
-            x, layer_cache = block(x, positions, inv_freq, layer_cache)
+        for block, layer_weights, layer_cache, layer_prefix in zip(blocks, weights, state.cache, prefixes):
+            x, layer_cache = block.decode_step(layer_weights, x, positions, inv_freq, layer_cache,
+                                               layer_prefix)
             cache.append(layer_cache)
-        logits = model.logits(model.norm(x)[:, 0])
+        # [vocab, B] from the matmul (its fast layout, kept by the barrier), then transposed (a small copy)
+        logits = jnp.einsum("vd,db->vb", head.astype(x.dtype), model.norm(x, axis=0),
+                            preferred_element_type=jnp.float32)
+        logits = jax.lax.optimization_barrier(logits).T
         return _emit(state._replace(cache=cache), logits, key, config)
 
     state = jax.lax.while_loop(cond, body, state)
-    return SampleOutput(state.tokens, state.logprobs, state.lengths, state.done & (prompt_lengths > 0),
-                        state.index)
+    out = SampleOutput(state.tokens, state.logprobs, state.lengths, state.done & active, state.index)
+    return out, state.cache
 
 
 _decode_jit = jax.jit(decode, static_argnames=("graphdef", "config"))

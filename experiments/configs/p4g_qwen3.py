@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from experiments.configs import p4g_rl
+from scope_jax.models.attention import scores_bytes
 from scope_jax.models.config import ModelConfig
 
 _QWEN3 = dict(model_type="qwen3", vocab_size=151936, head_dim=128, num_kv_heads=8, rms_norm_eps=1e-6,
@@ -82,10 +83,10 @@ def memory_per_device(arch: ModelConfig, *, dtype: str = "bfloat16", trained: in
     on the mesh too), or serve as KL references; each trained model holds params, a gradient and two
     AdamW moments in `dtype`. shards: devices the parameters are sharded over (fsdp x tensor).
     sequences: sequences of `length` tokens per device in one micro-batch. Activations per layer: the
-    saved matmul inputs and outputs (in `dtype`) plus the float32 attention scores and probabilities
-    (heads x length^2 each: the decoder materialises them); the output head is chunked (`logit_chunk`
-    tokens of float32 logits, kept three times). Rough by design (XLA's buffer reuse is not modelled):
-    meant to choose a layout, not to promise a number.
+    saved matmul inputs and outputs (in `dtype`) plus the float32 attention scores and probabilities the
+    decoder holds at once (`scope_jax.models.attention.scores_bytes`: blockwise, one tile per kv head, at
+    these lengths); the output head is chunked (`logit_chunk` tokens of float32 logits, kept three times).
+    Rough by design (XLA's buffer reuse is not modelled): meant to choose a layout, not to promise a number.
     """
     b = BYTES[dtype]
     n = arch.num_params
@@ -93,7 +94,7 @@ def memory_per_device(arch: ModelConfig, *, dtype: str = "bfloat16", trained: in
     d, f = arch.hidden_size, arch.intermediate_size
     q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     per_token = b * (4 * d + 2 * q + 2 * kv + 3 * f)  # norms' inputs, q/k/v/attention output, MLP
-    attention = 2 * 4 * arch.num_heads * length * length
+    attention = 2 * scores_bytes(length, length, arch.num_kv_heads, arch.num_heads // arch.num_kv_heads)
     layer = sequences * (length * per_token + attention)
     head = sequences * 3 * 4 * logit_chunk * arch.vocab_size
     saved_inputs = sequences * length * d * b * arch.num_layers
@@ -126,5 +127,32 @@ def memory_table(shards: int = 8, rows: int = 128, length: int = TYPICAL, sequen
     return "\n".join(lines)
 
 
+def kv_memory_table(lengths: tuple[int, ...] = (4096, 8192), rows: int = 16, prefix: int = 4096,
+                    own: int = 1024, dtype: str = "bfloat16") -> str:
+    """The KV-cache docs' table (docs/kv_cache.md): per model, the cache of one token and of one row of each
+    length; `rows` rows that each hold a `prefix`-token prompt and `own` tokens of their own, with the
+    prompt copied per row and shared once; and the float32 attention scores plus probabilities one layer
+    of a prefill of `rows` rows x length tokens holds at once, dense and blockwise."""
+    mib, gib = 2.0**20, 2.0**30
+    header = ["model", "KV / token"] + [f"KV / row, {n // 1024}k" for n in lengths] + [
+        f"{rows} rows x ({prefix} + {own}): prompt per row", "prompt shared"] + [
+        f"prefill {rows} x {n // 1024}k, one layer: dense scores" for n in lengths] + ["blockwise"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for size, arch in ARCHITECTURES.items():
+        per_token = kv_cache_bytes(arch, 1, 1, dtype)
+        groups = arch.num_heads // arch.num_kv_heads
+        dense = [2 * rows * 4 * arch.num_heads * n * n / gib for n in lengths]
+        blockwise = 2 * rows * scores_bytes(lengths[-1], lengths[-1], arch.num_kv_heads, groups) / mib
+        cells = [f"Qwen3-{size.upper()}", f"{per_token / 1024:.0f} KiB"]
+        cells += [f"{per_token * n / mib:.0f} MiB" for n in lengths]
+        cells += [f"{per_token * rows * (prefix + own) / gib:.1f} GiB",
+                  f"{per_token * (prefix + rows * own) / gib:.1f} GiB"]
+        cells += [f"{d:.0f} GiB" for d in dense] + [f"{blockwise:.0f} MiB"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print(memory_table())
+    print()
+    print(kv_memory_table())

@@ -7,7 +7,12 @@ run with `lax.scan`: a 30-layer model compiles as fast as a 1-layer one.
 Positions are explicit per row. With a KV cache the token at position p is written to cache slot p and
 attends to slots <= p, so rows of different lengths share one static-shape cache: prompts are
 right-padded, and a row's padding slots are overwritten by its own generated tokens before any query
-can see them.
+can see them. With a `SharedPrefix` (keys and values of prompt prefixes computed once per group of rows),
+row b first sees the first `lengths[b]` tokens of its group's prefix, and its own cache holds the tokens
+from there on: the token at position p goes to slot p - lengths[b].
+
+Attention is `scope_jax.models.attention`: dense for short sequences, blockwise beyond
+`attention_block`^2 scores per head.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from scope_jax.models import attention
 from scope_jax.models.config import ModelConfig
 
 Params = dict  # the pure-dict state of a Decoder, as returned by `split`
@@ -40,6 +46,15 @@ class KVCache(NamedTuple):
     def zeros(cls, config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> "KVCache":
         shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+class SharedPrefix(NamedTuple):
+    """Prompt prefixes shared by groups of consecutive rows: their keys and values `cache`
+    [num_layers, groups, num_kv_heads, prefix_len, head_dim], and how many of its group's prefix tokens each
+    row sees, `lengths` [batch] (where that row's own positions start)."""
+
+    cache: KVCache
+    lengths: jax.Array
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> jax.Array:
@@ -76,10 +91,14 @@ class RMSNorm(nnx.Module):
         self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
         self.eps = eps
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, axis: int = -1) -> jax.Array:
+        """Normalised over `axis` (0: a feature-major [d, B] activation)."""
         x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.weight[...] * normed.astype(x.dtype)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + self.eps)
+        weight = self.weight[...]
+        if axis != -1:
+            weight = weight.reshape((-1,) + (1,) * (x.ndim - 1 - axis))
+        return weight * normed.astype(x.dtype)
 
 
 def _linear(d_in: int, d_out: int, bias: bool, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
@@ -88,9 +107,10 @@ def _linear(d_in: int, d_out: int, bias: bool, dtype, param_dtype, rngs: nnx.Rng
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: ModelConfig, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, dtype, param_dtype, rngs: nnx.Rngs, block: int):
         c, hd = config, config.head_dim
         self.config = config
+        self.block = block
         self.q_proj = _linear(c.hidden_size, c.num_heads * hd, c.attention_bias, dtype, param_dtype, rngs)
         self.k_proj = _linear(c.hidden_size, c.num_kv_heads * hd, c.attention_bias, dtype, param_dtype, rngs)
         self.v_proj = _linear(c.hidden_size, c.num_kv_heads * hd, c.attention_bias, dtype, param_dtype, rngs)
@@ -99,12 +119,23 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(hd, c.rms_norm_eps, param_dtype=param_dtype)
             self.k_norm = RMSNorm(hd, c.rms_norm_eps, param_dtype=param_dtype)
 
-    def __call__(self, x, positions, inv_freq, cache: tuple[jax.Array, jax.Array] | None):
+    def __call__(self, x, positions, inv_freq, cache: tuple[jax.Array, jax.Array] | None,
+                 prefix: tuple[jax.Array, jax.Array, jax.Array] | None = None):
+        """x [B, L, d] at positions [B, L]; cache: this layer's (k, v); prefix: this layer's shared
+        (k, v) [groups, kv_heads, prefix_len, head_dim] and the prefix tokens each row sees [B]."""
         c = self.config
         b, length, _ = x.shape
         q = self.q_proj(x).reshape(b, length, c.num_heads, c.head_dim)
         k = self.k_proj(x).reshape(b, length, c.num_kv_heads, c.head_dim)
         v = self.v_proj(x).reshape(b, length, c.num_kv_heads, c.head_dim)
+        out, cache = self.attend(q, k, v, positions, inv_freq, cache, prefix)
+        return self.o_proj(out.astype(x.dtype)), cache
+
+    def attend(self, q, k, v, positions, inv_freq, cache, prefix):
+        """The attention output [B, L, heads * head_dim] (before o_proj) of projected q [B, L, heads,
+        head_dim], k, v [B, L, kv_heads, head_dim], and the updated cache (see `__call__`)."""
+        c = self.config
+        b, length = positions.shape
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
@@ -114,24 +145,28 @@ class Attention(nnx.Module):
             key_positions = positions
         else:
             # Each row's chunk is contiguous from positions[:, 0]: write it into the cache at that slot.
+            offsets = jnp.zeros((b,), jnp.int32) if prefix is None else prefix[2]
             write = jax.vmap(lambda buf, new, start: jax.lax.dynamic_update_slice(buf, new, (0, start, 0)))
-            cache = (write(cache[0], k.astype(cache[0].dtype), positions[:, 0]),
-                     write(cache[1], v.astype(cache[1].dtype), positions[:, 0]))
+            cache = (write(cache[0], k.astype(cache[0].dtype), positions[:, 0] - offsets),
+                     write(cache[1], v.astype(cache[1].dtype), positions[:, 0] - offsets))
             k, v = cache
-            key_positions = jnp.broadcast_to(jnp.arange(k.shape[2]), (b, k.shape[2]))
+            key_positions = jnp.arange(k.shape[2], dtype=jnp.int32)[None, :] + offsets[:, None]
 
-        # Query heads grouped by their kv head, [B, kv_heads, groups, L, head_dim]: with every operand laid
-        # out as [batch dims..., rows, contraction] XLA:CPU runs both matmuls without transposing the
+        # Query heads grouped by their kv head, [B, kv_heads, groups * L, head_dim]: with every operand
+        # laid out as [batch dims..., rows, contraction] XLA:CPU runs both matmuls without transposing the
         # cache and several times faster than from the [B, L, heads, head_dim] layout.
         groups = c.num_heads // c.num_kv_heads
         q = q.reshape(b, length, c.num_kv_heads, groups, c.head_dim).transpose(0, 2, 3, 1, 4)
-        scores = jnp.einsum("bhgld,bhsd->bhgls", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
-        scores = scores / math.sqrt(c.head_dim)
-        visible = key_positions[:, None, :] <= positions[:, :, None]  # [B, L, S]
-        scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bhgls,bhsd->bhgld", weights, v).transpose(0, 3, 1, 2, 4)
-        return self.o_proj(out.reshape(b, length, c.num_heads * c.head_dim).astype(x.dtype)), cache
+        q = q.reshape(b, c.num_kv_heads, groups * length, c.head_dim)
+        query_positions = jnp.tile(positions, (1, groups))
+        if prefix is None:
+            out = attention.attention(q, k, v, query_positions, key_positions, self.block)
+        else:
+            partial = attention.shared_prefix(q, prefix[0], prefix[1], prefix[2], self.block)
+            partial = attention.accumulate(partial, q, k, v, query_positions, key_positions, self.block)
+            out = attention.normalize(partial, v.dtype)
+        out = out.reshape(b, c.num_kv_heads, groups, length, c.head_dim).transpose(0, 3, 1, 2, 4)
+        return out.reshape(b, length, c.num_heads * c.head_dim), cache
 
 
 @jax.custom_vjp
@@ -184,17 +219,54 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, config: ModelConfig, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, dtype, param_dtype, rngs: nnx.Rngs, attention_block: int):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype=param_dtype)
-        self.self_attn = Attention(config, dtype, param_dtype, rngs)
+        self.self_attn = Attention(config, dtype, param_dtype, rngs, attention_block)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps,
                                                 param_dtype=param_dtype)
         self.mlp = MLP(config, dtype, param_dtype, rngs)
 
-    def __call__(self, x, positions, inv_freq, cache):
-        h, cache = self.self_attn(self.input_layernorm(x), positions, inv_freq, cache)
+    def __call__(self, x, positions, inv_freq, cache, prefix=None):
+        h, cache = self.self_attn(self.input_layernorm(x), positions, inv_freq, cache, prefix)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x)), cache
+
+    def decode_weights(self) -> "DecodeWeights":
+        """This layer's kernels laid out for `decode_step` (a copy: make it once, outside the loop)."""
+        attn, mlp = self.self_attn, self.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        bias = (jnp.concatenate([p.bias[...] for p in projections]) if attn.config.attention_bias else None)
+        gate_up = jnp.concatenate([mlp.gate_proj.kernel[...].T, mlp.up_proj.kernel[...].T])
+        return DecodeWeights(qkv=jnp.concatenate([p.kernel[...].T for p in projections]), qkv_bias=bias,
+                             o=attn.o_proj.kernel[...].T, gate_up=gate_up, down=mlp.down_proj.kernel[...].T)
+
+    def decode_step(self, weights: "DecodeWeights", x: jax.Array, positions, inv_freq, cache, prefix=None):
+        """This layer on one token per row, feature-major: x [d, B] at positions [B, 1] (the same
+        result as `__call__` on x.T[:, None]). XLA:CPU runs a [out, in] @ [in, B] matmul with a few columns
+        several times faster than [B, in] @ [in, out], and a decode step is little but such matmuls."""
+        c = self.self_attn.config
+        dtype = x.dtype
+        qkv = weights.qkv.astype(dtype) @ self.input_layernorm(x, axis=0)
+        if weights.qkv_bias is not None:
+            qkv = qkv + weights.qkv_bias.astype(dtype)[:, None]
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q, k, v = jnp.split(qkv.T[:, None], [q_size, q_size + kv_size], axis=-1)  # each [B, 1, size]
+        heads = lambda a, n: a.reshape(a.shape[0], 1, n, c.head_dim)
+        out, cache = self.self_attn.attend(heads(q, c.num_heads), heads(k, c.num_kv_heads),
+                                           heads(v, c.num_kv_heads), positions, inv_freq, cache, prefix)
+        x = x + weights.o.astype(dtype) @ out[:, 0].astype(dtype).T
+        gate, up = jnp.split(weights.gate_up.astype(dtype) @ self.post_attention_layernorm(x, axis=0), 2)
+        return x + weights.down.astype(dtype) @ (jax.nn.silu(gate) * up), cache
+
+
+class DecodeWeights(NamedTuple):
+    """One layer's kernels for `Block.decode_step`, [out, in]: q, k and v fused, gate and up fused."""
+
+    qkv: jax.Array
+    qkv_bias: jax.Array | None
+    o: jax.Array
+    gate_up: jax.Array
+    down: jax.Array
 
 
 class Decoder(nnx.Module):
@@ -205,10 +277,11 @@ class Decoder(nnx.Module):
       dtype: computation dtype of activations (float32 or bfloat16).
       param_dtype: storage dtype of parameters.
       remat: recompute each layer in the backward pass (less activation memory, ~1/3 more compute).
+      attention_block: attention runs blockwise beyond attention_block^2 scores per (row, kv head).
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
-                 remat: bool = False):
+                 remat: bool = False, attention_block: int = attention.BLOCK):
         self.config = config
         self.remat = remat
         self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, dtype=dtype,
@@ -218,15 +291,15 @@ class Decoder(nnx.Module):
         @nnx.split_rngs(splits=config.num_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_layers(rngs: nnx.Rngs) -> Block:
-            return Block(config, dtype, param_dtype, rngs)
+            return Block(config, dtype, param_dtype, rngs, attention_block)
 
         self.layers = make_layers(rngs)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype=param_dtype)
         if not config.tie_word_embeddings:
             self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, param_dtype, rngs)
 
-    def hidden(self, tokens: jax.Array, positions: jax.Array,
-               cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+    def hidden(self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None,
+               prefix: SharedPrefix | None = None) -> tuple[jax.Array, KVCache | None]:
         """Final-norm hidden states [B, L, d] of `tokens` [B, L] at `positions` [B, L] (and the new cache)."""
         chex.assert_rank([tokens, positions], 2)
         chex.assert_equal_shape([tokens, positions])
@@ -235,12 +308,16 @@ class Decoder(nnx.Module):
         graphdef, layer_params = nnx.split(self.layers)
 
         def layer(x, scanned):
-            params, layer_cache = scanned
-            return nnx.merge(graphdef, params)(x, positions, inv_freq, layer_cache)
+            params, layer_cache, layer_prefix = scanned
+            if layer_prefix is not None:
+                layer_prefix = (*layer_prefix, prefix.lengths)
+            return nnx.merge(graphdef, params)(x, positions, inv_freq, layer_cache, layer_prefix)
 
         if self.remat:
             layer = jax.checkpoint(layer)
-        x, new_cache = jax.lax.scan(layer, x, (layer_params, None if cache is None else tuple(cache)))
+        scanned = (layer_params, None if cache is None else tuple(cache),
+                   None if prefix is None else tuple(prefix.cache))
+        x, new_cache = jax.lax.scan(layer, x, scanned)
         return self.norm(x), (None if cache is None else KVCache(*new_cache))
 
     def logits(self, hidden: jax.Array) -> jax.Array:
@@ -261,9 +338,10 @@ class Decoder(nnx.Module):
 
 
 def init(config: ModelConfig, seed: int = 0, *, dtype=jnp.float32, param_dtype=jnp.float32,
-         remat: bool = False) -> tuple[nnx.GraphDef, Params]:
+         remat: bool = False, attention_block: int = attention.BLOCK) -> tuple[nnx.GraphDef, Params]:
     """A randomly initialised decoder as (graphdef, params), params a plain nested dict of arrays."""
-    return split(Decoder(config, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=param_dtype, remat=remat))
+    return split(Decoder(config, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=param_dtype, remat=remat,
+                         attention_block=attention_block))
 
 
 def split(model: Decoder) -> tuple[nnx.GraphDef, Params]:

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The accelerator check, in one go (under 10 minutes on one H100/H200-class GPU):
+#   bash experiments/launch/gpu_check.sh            # on a machine with a GPU (jax[cuda12] installed)
+#   bash experiments/launch/gpu_check.sh --dry-run  # the same steps, tiny shapes, on the CPU (a test runs it)
+# 1. The sampler, KV-cache, attention and sharding tests on the GPU. Tests that build 8-device meshes need
+#    8 devices; with fewer they are deselected (CI runs them on 8 fake CPU devices). Dry run: only collected.
+# 2. experiments.gpu_check: sampler, multi-turn rollout and train step in bfloat16 on Qwen3-0.6B- and
+#    1.7B-shaped random weights: tokens/s, MFU against the device's peak, memory.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dry_run=""
+if [[ "${1:-}" == "--dry-run" ]]; then dry_run="--dry-run"; shift; fi
+
+tests=(tests/test_sampling.py tests/test_kv_cache.py tests/models/test_attention.py tests/models/test_parity.py
+       tests/training/test_train_step.py)
+if [[ -n "$dry_run" ]]; then
+  python -m pytest -q --collect-only -p no:cacheprovider "${tests[@]}" | tail -n 1
+  python -m experiments.gpu_check --dry-run --models 0.6b "$@"
+else
+  devices=$(JAX_PLATFORMS= python -c "import jax; print(jax.device_count())")
+  deselect=()
+  if (( devices < 8 )); then
+    deselect=(-k "not mesh and not devices and not population_generation and not sharded and not fsdp")
+  fi
+  echo "== tests on $devices device(s)"
+  JAX_PLATFORMS= XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 python -m pytest -q -x -p no:cacheprovider \
+    "${deselect[@]}" "${tests[@]}"
+  echo "== benchmarks"
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 330 python -m experiments.gpu_check "$@"
+fi

@@ -1,0 +1,217 @@
+"""Attention with per-row positions: dense for small score matrices, blockwise (online softmax) for large.
+
+Layout: queries q [N, H, Q, d] with H the key/value heads (the query heads that share a kv head are folded
+into Q), keys and values [N, H, S, d], query positions [N, Q] and key positions [N, S]. Key s is visible
+to query t iff key_positions[s] <= query_positions[t]; a query that sees no key gets 0.
+
+When one (row, head) score matrix Q x S holds more than `block` x `block` entries, the keys are taken
+`block` at a time and the queries `block` at a time, with the running max and sum of the FlashAttention
+recurrence, and tiles that no query of the chunk can see are skipped. Nothing of size Q x S is ever
+materialised, forward or backward: the backward pass (a custom VJP) recomputes each tile's
+probabilities from the saved log-sum-exp instead of storing them.
+
+`accumulate` exposes the recurrence itself, so one set of queries can attend over several key segments
+in turn (a shared prompt prefix, then a row's own cache) with the exact result of one softmax over all.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+BLOCK = 512
+_HIDDEN = jnp.finfo(jnp.float32).min  # the score of an invisible key
+_NO_QUERY = jnp.iinfo(jnp.int32).min  # position of a padding query: sees nothing
+_NO_KEY = jnp.iinfo(jnp.int32).max  # position of a padding key: seen by nothing
+
+
+class Partial(NamedTuple):
+    """Online-softmax state of queries [N, H, Q], float32: the largest visible score so far, the sum of
+    exp(score - max) over visible keys, and the exp(score - max)-weighted sum of their values [N, H, Q, d]."""
+
+    max: jax.Array
+    sum: jax.Array
+    out: jax.Array
+
+    @classmethod
+    def empty(cls, q: jax.Array) -> "Partial":
+        shape = q.shape[:-1]
+        return cls(jnp.full(shape, _HIDDEN), jnp.zeros(shape), jnp.zeros(q.shape, jnp.float32))
+
+
+def _scores(q, k, q_pos, k_pos):
+    """Float32 scores [N, H, Q, S] and their visibility [N, 1, Q, S]."""
+    scores = jnp.einsum("nhqd,nhsd->nhqs", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    return scores / math.sqrt(q.shape[-1]), k_pos[:, None, None, :] <= q_pos[:, None, :, None]
+
+
+def _update(partial: Partial, q, k, v, q_pos, k_pos) -> Partial:
+    """`partial` after the queries also attend over keys k, values v (one tile)."""
+    scores, visible = _scores(q, k, q_pos, k_pos)
+    scores = jnp.where(visible, scores, _HIDDEN)
+    new_max = jnp.maximum(partial.max, scores.max(-1))
+    probs = jnp.where(visible, jnp.exp(scores - new_max[..., None]), 0.0)
+    rescale = jnp.exp(partial.max - new_max)
+    values = jnp.einsum("nhqs,nhsd->nhqd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return Partial(new_max, partial.sum * rescale + probs.sum(-1), partial.out * rescale[..., None] + values)
+
+
+def _small(q_len: int, k_len: int, block: int) -> bool:
+    return q_len * k_len <= block * block
+
+
+def _chunks(x: jax.Array, axis: int, size: int, fill) -> jax.Array:
+    """x with `axis` padded (by `fill`) to a multiple of `size` and cut into chunks: [chunks, ...]."""
+    length = x.shape[axis]
+    padded = -(-length // size) * size
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, padded - length)
+    x = jnp.pad(x, pad, constant_values=fill)
+    x = x.reshape(x.shape[:axis] + (padded // size, size) + x.shape[axis + 1:])
+    return jnp.moveaxis(x, axis, 0)
+
+
+def _unchunk(x: jax.Array, axis: int, length: int) -> jax.Array:
+    """The inverse of `_chunks` (chunk axis first, chunk contents at `axis`)."""
+    x = jnp.moveaxis(x, 0, axis)
+    x = x.reshape(x.shape[:axis] + (-1,) + x.shape[axis + 2:])
+    return jax.lax.slice_in_dim(x, 0, length, axis=axis)
+
+
+def _sees(q_pos_chunk: jax.Array, k_pos_block: jax.Array) -> jax.Array:
+    """Whether any query of the chunk [N, q] sees any key of the block [N, k]."""
+    return jnp.any(k_pos_block.min(-1) <= q_pos_chunk.max(-1))
+
+
+def accumulate(partial: Partial, q, k, v, q_pos, k_pos, block: int = BLOCK) -> Partial:
+    """`partial` (of queries q [N, H, Q, d] at q_pos [N, Q]) after attending over k, v [N, H, S, d] at
+    k_pos [N, S]: in one tile when Q x S <= block^2, else block by block (not differentiable: see
+    `attention`)."""
+    q_len, k_len = q.shape[2], k.shape[2]
+    if _small(q_len, k_len, block):
+        return _update(partial, q, k, v, q_pos, k_pos)
+    keys = (_chunks(k, 2, block, 0), _chunks(v, 2, block, 0), _chunks(k_pos, 1, block, _NO_KEY))
+
+    def chunk(args):
+        chunk_partial, q_chunk, q_pos_chunk = args
+
+        def tile(state, key_block):
+            k_block, v_block, k_pos_block = key_block
+            state = jax.lax.cond(_sees(q_pos_chunk, k_pos_block),
+                                 lambda: _update(state, q_chunk, k_block, v_block, q_pos_chunk, k_pos_block),
+                                 lambda: state)
+            return state, None
+
+        return jax.lax.scan(tile, Partial(*chunk_partial), keys)[0]
+
+    chunked = jax.lax.map(chunk, (Partial(*(_chunks(x, 2, block, 0) for x in partial)),
+                                  _chunks(q, 2, block, 0), _chunks(q_pos, 1, block, _NO_QUERY)))
+    return Partial(*(_unchunk(x, 2, q_len) for x in chunked))
+
+
+def shared_prefix(q, k, v, lengths, block: int = BLOCK) -> Partial:
+    """The partial of queries q [N, H, Q, d] (N = G groups of R consecutive rows) over their group's shared
+    keys k, v [G, H, S, d], row n seeing the first lengths[n] of them (all before its own positions).
+
+    The rows of a group are folded into the query axis, so a group's keys are read once for all its rows.
+    """
+    groups, (rows, heads, q_len, _) = k.shape[0], q.shape
+    per_group = rows // groups
+    fold = lambda x: x.reshape(groups, per_group, heads, q_len, *x.shape[3:]).swapaxes(1, 2).reshape(
+        groups, heads, per_group * q_len, *x.shape[3:])
+    q_pos = jnp.broadcast_to((lengths - 1)[:, None], (rows, q_len)).reshape(groups, per_group * q_len)
+    k_pos = jnp.broadcast_to(jnp.arange(k.shape[2], dtype=jnp.int32), (groups, k.shape[2]))
+    folded = fold(q)
+    partial = accumulate(Partial.empty(folded), folded, k, v, q_pos, k_pos, block)
+    unfold = lambda x: x.reshape(groups, heads, per_group, q_len, *x.shape[3:]).swapaxes(1, 2).reshape(
+        rows, heads, q_len, *x.shape[3:])
+    return Partial(*map(unfold, partial))
+
+
+def scores_bytes(q_len: int, k_len: int, kv_heads: int, groups: int, block: int = BLOCK) -> int:
+    """Bytes of float32 scores one row's attention holds at once in one layer, for q_len queries (per query
+    head) over k_len keys: the whole kv_heads x (groups q_len) x k_len matrix when it is small, else one
+    block x block tile per kv head (the probabilities take as much again)."""
+    queries = groups * q_len
+    if _small(queries, k_len, block):
+        return 4 * kv_heads * queries * k_len
+    return 4 * kv_heads * min(queries, block) * min(k_len, block)
+
+
+def normalize(partial: Partial, dtype) -> jax.Array:
+    """The attention output [N, H, Q, d] of a finished `partial` (0 for queries that saw nothing)."""
+    return (partial.out / jnp.where(partial.sum == 0, 1.0, partial.sum)[..., None]).astype(dtype)
+
+
+def dense_attention(q, k, v, q_pos, k_pos) -> jax.Array:
+    """One softmax over the whole [N, H, Q, S] score matrix (what `attention` does for small ones)."""
+    scores, visible = _scores(q, k, q_pos, k_pos)
+    weights = jax.nn.softmax(jnp.where(visible, scores, _HIDDEN), axis=-1).astype(v.dtype)
+    return jnp.einsum("nhqs,nhsd->nhqd", weights, v)
+
+
+def attention(q, k, v, q_pos, k_pos, block: int = BLOCK) -> jax.Array:
+    """softmax(q k^T / sqrt(d), over visible keys) v, [N, H, Q, d]; dense or blockwise (module docstring)."""
+    if _small(q.shape[2], k.shape[2], block):
+        return dense_attention(q, k, v, q_pos, k_pos)
+    return _blockwise(q, k, v, q_pos, k_pos, block)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _blockwise(q, k, v, q_pos, k_pos, block):
+    return normalize(accumulate(Partial.empty(q), q, k, v, q_pos, k_pos, block), v.dtype)
+
+
+def _blockwise_forward(q, k, v, q_pos, k_pos, block):
+    partial = accumulate(Partial.empty(q), q, k, v, q_pos, k_pos, block)
+    out = normalize(partial, v.dtype)
+    # log-sum-exp of each query's visible scores (+inf when it sees nothing, so that exp(s - lse) = 0)
+    lse = jnp.where(partial.sum > 0, partial.max + jnp.log(jnp.where(partial.sum > 0, partial.sum, 1.0)),
+                    jnp.inf)
+    return out, (q, k, v, q_pos, k_pos, out, lse)
+
+
+def _blockwise_backward(block, residuals, grad):
+    """Key blocks outside, query chunks inside: dk, dv of a block accumulate over the query chunks, dq
+    over the key blocks; each tile's probabilities are recomputed from the log-sum-exp."""
+    q, k, v, q_pos, k_pos, out, lse = residuals
+    f32 = lambda x: x.astype(jnp.float32)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    delta = jnp.sum(f32(grad) * f32(out), axis=-1)  # [N, H, Q]
+    queries = (_chunks(q, 2, block, 0), _chunks(grad, 2, block, 0), _chunks(lse, 2, block, jnp.inf),
+               _chunks(delta, 2, block, 0), _chunks(q_pos, 1, block, _NO_QUERY))
+    keys = (_chunks(k, 2, block, 0), _chunks(v, 2, block, 0), _chunks(k_pos, 1, block, _NO_KEY))
+
+    def key_block(dq, key):
+        k_block, v_block, k_pos_block = key
+
+        def query_chunk(dkv, query):
+            q_chunk, g_chunk, lse_chunk, delta_chunk, q_pos_chunk = query
+
+            def tile():
+                scores, visible = _scores(q_chunk, k_block, q_pos_chunk, k_pos_block)
+                probs = jnp.where(visible, jnp.exp(scores - lse_chunk[..., None]), 0.0)
+                d_probs = jnp.einsum("nhqd,nhsd->nhqs", f32(g_chunk), f32(v_block))
+                d_scores = probs * (d_probs - delta_chunk[..., None]) * scale
+                dk = dkv[0] + jnp.einsum("nhqs,nhqd->nhsd", d_scores, f32(q_chunk))
+                dv = dkv[1] + jnp.einsum("nhqs,nhqd->nhsd", probs, f32(g_chunk))
+                return (dk, dv), jnp.einsum("nhqs,nhsd->nhqd", d_scores, f32(k_block))
+
+            return jax.lax.cond(_sees(q_pos_chunk, k_pos_block), tile,
+                                lambda: (dkv, jnp.zeros(q_chunk.shape, jnp.float32)))
+
+        zeros = jnp.zeros(k_block.shape, jnp.float32)
+        (dk, dv), dq_parts = jax.lax.scan(query_chunk, (zeros, zeros), queries)
+        return dq + dq_parts, (dk, dv)
+
+    dq = jnp.zeros(queries[0].shape, jnp.float32)
+    dq, (dk, dv) = jax.lax.scan(key_block, dq, keys)
+    return (_unchunk(dq, 2, q.shape[2]).astype(q.dtype), _unchunk(dk, 2, k.shape[2]).astype(k.dtype),
+            _unchunk(dv, 2, v.shape[2]).astype(v.dtype), None, None)
+
+
+_blockwise.defvjp(_blockwise_forward, _blockwise_backward)

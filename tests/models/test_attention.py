@@ -1,0 +1,129 @@
+"""Dense and blockwise attention against a float64 numpy softmax, their gradients against autodiff of a
+plain jnp softmax, shared-prefix attention against attention over the concatenated keys, and the memory of
+the blockwise path."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scope_jax.models import attention
+
+N, H, D = 3, 2, 8
+
+
+def reference(q, k, v, q_pos, k_pos):
+    """float64 softmax(q k^T / sqrt(d)) v over visible keys (k_pos <= q_pos); 0 where nothing is visible."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    scores = np.einsum("nhqd,nhsd->nhqs", q, k) / np.sqrt(q.shape[-1])
+    visible = np.asarray(k_pos)[:, None, None, :] <= np.asarray(q_pos)[:, None, :, None]
+    scores = np.where(visible, scores, -np.inf)
+    top = np.max(scores, -1, keepdims=True)
+    weights = np.where(visible, np.exp(scores - np.where(np.isfinite(top), top, 0)), 0.0)
+    total = weights.sum(-1, keepdims=True)
+    return np.einsum("nhqs,nhsd->nhqd", weights / np.where(total == 0, 1, total), v)
+
+
+def plain(q, k, v, q_pos, k_pos):
+    """The same in jnp, differentiable by autodiff (rows that see something)."""
+    scores = jnp.einsum("nhqd,nhsd->nhqs", q, k) / np.sqrt(q.shape[-1])
+    visible = k_pos[:, None, None, :] <= q_pos[:, None, :, None]
+    return jnp.einsum("nhqs,nhsd->nhqd", jax.nn.softmax(jnp.where(visible, scores, -1e30), -1), v)
+
+
+def case(q_len, k_len, seed=0):
+    """Random q, k, v; rows with different offsets: keys at positions offset + s, queries at the last
+    q_len of them (causal self-attention of a row's tail); row 2's keys are partly padding."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.normal(size=(N, H, n, D)).astype(np.float32) for n in (q_len, k_len, k_len))
+    offsets = np.array([0, 5, 2])
+    k_pos = offsets[:, None] + np.arange(k_len)[None]
+    k_pos[2, k_len - 4:] = np.iinfo(np.int32).max  # padding keys
+    q_pos = offsets[:, None] + (k_len - q_len) + np.arange(q_len)[None]
+    return tuple(jnp.asarray(x) for x in (q, k, v, q_pos.astype(np.int32), k_pos.astype(np.int32)))
+
+
+@pytest.mark.parametrize("block", [64, 4, 5], ids=["dense", "blockwise", "blockwise-ragged"])
+def test_attention_matches_numpy(block):
+    args = case(13, 21)
+    out = jax.jit(attention.attention, static_argnums=5)(*args, block)
+    np.testing.assert_allclose(np.asarray(out), reference(*args), atol=2e-6)
+
+
+def test_blockwise_gradients_equal_autodiff_of_a_plain_softmax():
+    q, k, v, q_pos, k_pos = case(13, 21, seed=1)
+    weights = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
+    loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v, q_pos, k_pos) * weights)
+    ours = jax.jit(jax.grad(loss(lambda *a: attention.attention(*a, block=4)), argnums=(0, 1, 2)))(q, k, v)
+    theirs = jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)
+    for name, a, b in zip("qkv", ours, theirs):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("block", [64, 4], ids=["one-tile", "blockwise"])
+def test_shared_prefix_then_own_keys_equals_one_softmax_over_both(block):
+    """Two groups of two rows: row n sees the first lengths[n] keys of its group's prefix, then its own."""
+    rng = np.random.default_rng(3)
+    prefix_len, own_len, q_len = 11, 9, 6
+    lengths = np.array([11, 7, 0, 4], np.int32)
+    shared_k, shared_v = (rng.normal(size=(2, H, prefix_len, D)).astype(np.float32) for _ in range(2))
+    q = rng.normal(size=(4, H, q_len, D)).astype(np.float32)
+    k, v = (rng.normal(size=(4, H, own_len, D)).astype(np.float32) for _ in range(2))
+    k_pos = lengths[:, None] + np.arange(own_len)[None]
+    q_pos = k_pos[:, -q_len:]
+
+    @jax.jit
+    def ours(q, shared_k, shared_v, k, v):
+        partial = attention.shared_prefix(q, shared_k, shared_v, jnp.asarray(lengths), block)
+        partial = attention.accumulate(partial, q, k, v, jnp.asarray(q_pos), jnp.asarray(k_pos), block)
+        return attention.normalize(partial, jnp.float32)
+
+    # Reference: each row's visible prefix keys concatenated before its own keys.
+    group = np.repeat([0, 1], 2)
+    all_k = np.concatenate([shared_k[group], k], axis=2)
+    all_v = np.concatenate([shared_v[group], v], axis=2)
+    prefix_pos = np.where(np.arange(prefix_len)[None] < lengths[:, None], np.arange(prefix_len)[None],
+                          np.iinfo(np.int32).max)
+    expected = reference(q, all_k, all_v, q_pos, np.concatenate([prefix_pos, k_pos], axis=1))
+    np.testing.assert_allclose(np.asarray(ours(q, shared_k, shared_v, k, v)), expected, atol=2e-6)
+
+
+def test_blockwise_memory_is_linear_in_the_length():
+    """Forward and backward: the dense program holds [N, H, Q, S] float32 scores (several times), the
+    blockwise one nothing near one such matrix, and its scratch memory grows linearly with the length."""
+
+    def scratch(length, block):
+        shape = jax.ShapeDtypeStruct((1, 2, length, 32), jnp.float32)
+        positions = jax.ShapeDtypeStruct((1, length), jnp.int32)
+        loss = lambda q, k, v, qp, kp: jnp.sum(attention.attention(q, k, v, qp, kp, block))
+        compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(shape, shape, shape, positions,
+                                                                    positions).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    scores_bytes = 2 * 2048 * 2048 * 4
+    assert scratch(2048, 2048) >= scores_bytes  # dense: the test can see a score matrix
+    assert scratch(2048, 256) < scores_bytes / 4
+    assert scratch(2048, 256) < 2.5 * scratch(1024, 256)
+
+
+def test_decoder_logprobs_and_gradients_are_the_same_blockwise():
+    """The decoder with 4-key blocks (prefill and training blockwise) against the dense one (which
+    tests/models/test_parity.py checks against transformers): token log-probs and every gradient."""
+    from scope_jax.logprobs import token_logprobs
+    from scope_jax.models import ModelConfig, init
+
+    config = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True)
+    graphdef_dense, params = init(config, seed=0)
+    graphdef_blocks, _ = init(config, seed=0, attention_block=4)
+    tokens = jnp.asarray(np.random.default_rng(4).integers(0, 64, (2, 24)))
+    positions = jnp.broadcast_to(jnp.arange(24), tokens.shape)
+
+    def loss(graphdef):
+        return jax.jit(jax.value_and_grad(
+            lambda p: -jnp.sum(token_logprobs(graphdef, p, tokens, positions, chunk_size=8).logprobs)))
+
+    (dense, dense_grad), (blocks, blocks_grad) = loss(graphdef_dense)(params), loss(graphdef_blocks)(params)
+    np.testing.assert_allclose(float(blocks), float(dense), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(blocks_grad), jax.tree.leaves(dense_grad)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
