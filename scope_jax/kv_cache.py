@@ -296,7 +296,8 @@ def _plan(cache: RowCache, views: dict[int, np.ndarray], sampling: SamplingConfi
     new, fallbacks = {}, 0
     for flat, view in views.items():
         common = _common_length(cache.ids[flat], view)
-        fallbacks += common < len(cache.ids[flat])
+        # a row that has not taken part yet holds only its group's prefix, which it never saw as its own
+        fallbacks += common < len(cache.ids[flat]) and len(cache.ids[flat]) > cache.prefix_lengths[flat]
         keep = min(common, len(view) - 1) if sampling is not None else common
         prefix_lengths[flat] = min(prefix_lengths[flat], keep)
         starts[flat], new[flat] = keep, view[keep:]
