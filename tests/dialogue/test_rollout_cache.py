@@ -37,7 +37,7 @@ class ToolEnv(TargetWordEnv):
     the agent speaks again; cherry: the episode ends after the agent's second turn; the others run to the
     turn caps and get a closing question."""
 
-    max_turns: dict = dataclasses.field(default_factory=lambda: {AGENT: 4, SIM: 2})
+    max_turns: dict = dataclasses.field(default_factory=lambda: {AGENT: 3, SIM: 2})
 
     def system_prompt(self, scenario, role: str) -> str:
         return "you say the word the user asks for, now" if role == AGENT else f"ask for {scenario} please"
@@ -172,26 +172,33 @@ def test_a_population_simulator_through_the_cache_equals_re_prefilling(models):
     assert_same_dialogues(cached, again)
     assert cache_stats(sim).fallbacks == 0 and cache_stats(sim).calls > 1
     # each member voiced its own episodes: its model reproduces their log-probs, the other does not
-    for i, episode in enumerate(cached):
-        view = episode.views[SIM]
-        mask = np.asarray(view.loss_mask) > 0
-        for m, params in enumerate((p1, p2)):
-            recomputed = recompute(g1, params, view.ids)[mask]
-            assert np.allclose(recomputed, np.asarray(view.logprobs)[mask], atol=1e-4) == (m == member(i))
+    views = [e.views[SIM] for e in cached]
+    for m, params in enumerate((p1, p2)):
+        for i, (recomputed, view) in enumerate(zip(recompute(g1, params, views), views)):
+            mask = np.asarray(view.loss_mask) > 0
+            voiced = np.allclose(recomputed[mask], np.asarray(view.logprobs)[mask], atol=1e-4)
+            assert voiced == (m == member(i)), (m, i)
 
 
-def recompute(graphdef, params, ids) -> np.ndarray:
-    tokens = jnp.asarray([ids], jnp.int32)
-    return np.asarray(token_logprobs(graphdef, params, tokens, jnp.arange(len(ids))[None]).logprobs)[0]
+recompute_jit = jax.jit(token_logprobs, static_argnums=0)
+
+
+def recompute(graphdef, params, views) -> list[np.ndarray]:
+    """The training forward's log-prob of each token of each view, in one batch (right-padded)."""
+    tokens = np.zeros((len(views), max(map(len, views))), np.int32)
+    for row, view in enumerate(views):
+        tokens[row, :len(view)] = view.ids
+    positions = np.broadcast_to(np.arange(tokens.shape[1], dtype=np.int32), tokens.shape)
+    logprobs = np.asarray(recompute_jit(graphdef, params, tokens, positions).logprobs)
+    return [row[:len(view)] for row, view in zip(logprobs, views)]
 
 
 def test_behaviour_logprobs_of_the_cached_rollout_are_the_training_recomputation(models, cached):
     """Greedy rows record the model's own (temperature 1) log-prob of each sampled token: the training
     forward over the whole final view must give them back."""
     (g0, p0), (g1, p1), _ = models
-    for episode in cached[0]:
-        for role, (graphdef, params) in ((AGENT, (g0, p0)), (SIM, (g1, p1))):
-            view = episode.views[role]
+    for role, (graphdef, params) in ((AGENT, (g0, p0)), (SIM, (g1, p1))):
+        views = [e.views[role] for e in cached[0]]
+        for recomputed, view in zip(recompute(graphdef, params, views), views):
             mask = np.asarray(view.loss_mask) > 0
-            np.testing.assert_allclose(recompute(graphdef, params, view.ids)[mask],
-                                       np.asarray(view.logprobs)[mask], atol=ATOL)
+            np.testing.assert_allclose(recomputed[mask], np.asarray(view.logprobs)[mask], atol=ATOL)
