@@ -6,9 +6,10 @@ question. The sampled tokens must be identical; the log-probs equal to float32 r
 the cached path attends over the shared prefix and the row's cache in one online softmax, which sums in
 another order). On one device, on 8 fake devices with a mesh, and with a population simulator; and the
 behaviour log-probs the cached rollout records are the ones the training recomputation gives over the final
-views."""
+views. A view that stops being an extension of its row's cache is re-prefilled, counted and logged."""
 
 import dataclasses
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,9 @@ import pytest
 from scope_jax import sharding
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
 from scope_jax.dialogue.rollout import rollout
-from scope_jax.dialogue.speakers import ModelSpeaker, Player, PopulationSpeaker, cache_stats
+from scope_jax.dialogue.speakers import (CacheLog, ModelSpeaker, Player, PopulationSpeaker, RolloutCache,
+                                         cache_stats, sample_replies)
+from scope_jax.dialogue.views import RoleView
 from scope_jax.envs.base import TurnResult
 from scope_jax.envs.target_word import TargetWordEnv
 from scope_jax.logprobs import token_logprobs
@@ -202,3 +205,23 @@ def test_behaviour_logprobs_of_the_cached_rollout_are_the_training_recomputation
         for recomputed, view in zip(recompute(graphdef, params, views), views):
             mask = np.asarray(view.loss_mask) > 0
             np.testing.assert_allclose(recomputed[mask], np.asarray(view.logprobs)[mask], atol=ATOL)
+
+
+def test_a_view_that_stopped_being_an_extension_is_re_prefilled_counted_and_logged(models, caplog):
+    (g0, p0), _, _ = models
+    episodes = [Episode(s, group=i // 2) for i, s in enumerate(SCENARIOS)]
+    cache_log = CacheLog()
+    cache = RolloutCache.start(player(g0, p0, True), episodes, None, cache_log)
+    rng = np.random.default_rng(0)
+    views = [RoleView(ids=[int(t) for t in rng.integers(3, len(TOKENIZER), 12 + i)]) for i in range(6)]
+    first = cache.sample(episodes, views, jax.random.key(0))
+    for view, sample in zip(views, first):
+        view.ids += list(sample.ids) + [5, 6]
+    views[4].ids[8] = 3 if views[4].ids[8] != 3 else 4  # an earlier token rewritten
+    with caplog.at_level(logging.WARNING, logger="scope_jax.dialogue.speakers"):
+        later = cache.sample(episodes[3:5], views[3:5], jax.random.key(1))
+    assert cache_log.stats.fallbacks == 1 and "re-prefilled" in caplog.text
+    again = sample_replies(player(g0, p0, False), [v.ids for v in views[3:5]], jax.random.key(1))
+    for a, b in zip(later, again, strict=True):
+        assert a.ids == b.ids
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=ATOL)
