@@ -149,7 +149,7 @@ def test_the_cached_rollout_equals_re_prefilling(cached, reprefilled):
     assert [m.role for m in apple.messages[:5]] == [SIM, AGENT, ENV, AGENT, ENV]
     assert cherry.end_reason == "env" and banana.end_reason == "turn_limit"
     assert banana.messages[-1].role == SIM and banana.messages[-2].text == "what now"
-    assert len({len(e.views[AGENT]) for e in episodes}) > 2
+    assert len({len(e.views[AGENT]) for e in episodes}) > 1
     assert_agent_cache_counts(agent, episodes)
     assert cache_stats(sim).fallbacks == 0 and cache_stats(sim).shared > 0
 
