@@ -8,7 +8,9 @@ only the rest at the row's own positions, and decodes; the sampled tokens enter 
 prefills without sampling. Rows advance independently: each has its own write position.
 
 If a row's view does not extend what it cached (a template that rewrote an earlier turn), the row keeps
-only the common prefix and re-prefills the rest: exact, and counted in `RowCache.stats.fallbacks`.
+only the common prefix and re-prefills the rest: exact, and counted in `RowCache.stats.fallbacks`. (A row
+that has not taken part in a call yet holds only its group's shared prefix, taken from the other rows'
+views: a view that leaves it early is not counted.)
 
 Shared prefixes. The rows (per member) form `groups` groups of consecutive rows, e.g. the rollouts of one
 prompt. At the first call, each group's longest common prefix of its rows' views (the system prompt, a
@@ -296,7 +298,8 @@ def _plan(cache: RowCache, views: dict[int, np.ndarray], sampling: SamplingConfi
     new, fallbacks = {}, 0
     for flat, view in views.items():
         common = _common_length(cache.ids[flat], view)
-        fallbacks += common < len(cache.ids[flat])
+        # a row that has not taken part yet holds only its group's prefix, which it never saw as its own
+        fallbacks += common < len(cache.ids[flat]) and len(cache.ids[flat]) > cache.prefix_lengths[flat]
         keep = min(common, len(view) - 1) if sampling is not None else common
         prefix_lengths[flat] = min(prefix_lengths[flat], keep)
         starts[flat], new[flat] = keep, view[keep:]

@@ -10,6 +10,9 @@ computes runs on the device.
 
 At the end, an environment with a `closing` question gets the simulator's answer in one extra turn, and
 every episode gets its rewards.
+
+`play` hands each speaker the episodes it plays (`speakers.for_rollout`): model speakers keep per-row
+KV caches over them, which end when `play` returns.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Callable, Mapping
 import jax
 
 from scope_jax.dialogue.episode import AGENT, ROLES, SIM, Episode, Message
-from scope_jax.dialogue.speakers import ScriptedSpeaker, Speaker
+from scope_jax.dialogue.speakers import ScriptedSpeaker, Speaker, for_rollout
 from scope_jax.envs.base import Environment
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,7 @@ def play(env: Environment, episodes: list[Episode], speakers: Speakers, key: jax
     """Continue `episodes` until every one has ended, then close them (`finish`). With `pause_before` a
     role, an episode whose next speaker is that role waits instead, and nothing is finalised: a fork
     point (copies of the episodes continue with another `play`)."""
+    speakers = {role: for_rollout(speaker, episodes) for role, speaker in speakers.items()}
     turns_key, closing_key = jax.random.split(key)
     for round_index in range(sum(turn_cap(env, role) for role in ROLES)):
         waiting = [e for e in episodes if not e.done and e.next_speaker != pause_before]

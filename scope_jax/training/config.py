@@ -51,7 +51,8 @@ def default_config() -> ml_collections.ConfigDict:
         dict(dataclasses.asdict(VerbalizedConfig()), max_new_tokens=128))
     c.sampling = ml_collections.ConfigDict({"temperature": 1.0, "top_k": 0, "top_p": 1.0,
                                             "max_new_tokens": 8})
-    c.rollout = ml_collections.ConfigDict({"groups": 4, "group_size": 4})
+    # kv_cache: model speakers keep per-row KV caches across a rollout's turns (False: re-prefill each turn)
+    c.rollout = ml_collections.ConfigDict({"groups": 4, "group_size": 4, "kv_cache": True})
     c.algo = ml_collections.ConfigDict({
         "advantage": "grpo", "epsilon_low": 0.2, "epsilon_high": 0.2, "dual_clip": 0.0,
         "aggregation": "token_mean", "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0,

@@ -21,8 +21,9 @@ import numpy as np
 from scope_jax.algorithms import ADVANTAGES
 from scope_jax.dialogue.episode import AGENT, ROLES, SIM, Episode
 from scope_jax.dialogue.rollout import Speakers, rollout
-from scope_jax.dialogue.speakers import ModelSpeaker
+from scope_jax.dialogue.speakers import ModelSpeaker, cache_stats
 from scope_jax.dialogue.views import RoleView
+from scope_jax.kv_cache import CacheStats
 from scope_jax.simulators import verbalized
 from scope_jax.simulators.modes import OBJECTIVES
 from scope_jax.training import monitor
@@ -34,7 +35,8 @@ from scope_jax.training.state import JointState
 def rl_step(setup: Setup, state: JointState, step: int) -> tuple[JointState, dict[str, float], list[Episode]]:
     """Train step `step`: play its episodes with the state's players, and update the state on them."""
     start = time.perf_counter()
-    episodes = play_episodes(setup, state, step)
+    roles = speakers(setup, state.params)
+    episodes = play_episodes(setup, state, step, roles)
     played = time.perf_counter()
     batch = make_batch(setup, episodes, role_advantages(setup, episodes))
     batched = time.perf_counter()
@@ -43,16 +45,18 @@ def rl_step(setup: Setup, state: JointState, step: int) -> tuple[JointState, dic
     done = time.perf_counter()
     tokens = sum(float(b.loss_mask.sum()) for b in (batch.agent, batch.sims) if b is not None)
     metrics = {**episode_stats(episodes), **monitor.step_metrics(episodes, setup.config.monitor.distinct_n),
-               **_flatten(update), "time/rollout": played - start, "time/batch": batched - played,
-               "time/update": done - batched, "time/step": done - start,
+               **cache_metrics(roles), **_flatten(update), "time/rollout": played - start,
+               "time/batch": batched - played, "time/update": done - batched, "time/step": done - start,
                "tokens_per_s": tokens / (done - batched)}
     return state, metrics, episodes
 
 
-def play_episodes(setup: Setup, state: JointState, step: int) -> list[Episode]:
-    """The episodes of train step `step`, played to the end (rewards filled in) by the state's players."""
+def play_episodes(setup: Setup, state: JointState, step: int,
+                  roles: Speakers | None = None) -> list[Episode]:
+    """The episodes of train step `step`, played to the end (rewards filled in) by `roles` (default: the
+    state's players)."""
     episodes = make_episodes(setup, step, "train", setup.config.rollout.groups)
-    return rollout(setup.env, episodes, speakers(setup, state.params), rollout_key(state, step))
+    return rollout(setup.env, episodes, roles or speakers(setup, state.params), rollout_key(state, step))
 
 
 def rollout_key(state: JointState, step: int) -> jax.Array:
@@ -75,6 +79,15 @@ def speakers(setup: Setup, params: dict[str, Any]) -> Speakers:
     """Who speaks each role with the parameters `params` (a joint state's)."""
     agent = dataclasses.replace(setup.agent, params=params["agent"])
     return {AGENT: ModelSpeaker(agent), SIM: setup.mode.speaker(setup.sims, params)}
+
+
+def cache_metrics(roles: Speakers) -> dict[str, float]:
+    """What the speakers' KV caches did in the step's rollout, summed over the roles: views that were not
+    extensions of their cache (re-prefilled), tokens prefilled, tokens reused from a cache or a shared
+    prefix, and shared-prefix tokens (each prefilled once per group)."""
+    stats = sum(map(cache_stats, roles.values()), CacheStats())
+    return {"rollout/cache_fallbacks": stats.fallbacks, "rollout/prefill_tokens": stats.prefilled,
+            "rollout/reused_tokens": stats.reused, "rollout/shared_prefix_tokens": stats.shared}
 
 
 def group_advantages(rewards: np.ndarray, groups: np.ndarray, estimator: str) -> np.ndarray:

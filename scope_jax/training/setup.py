@@ -63,7 +63,8 @@ def build(config: ml_collections.ConfigDict) -> Setup:
             temperature=config.sampling.temperature, top_k=config.sampling.top_k, top_p=config.sampling.top_p,
             max_new_tokens=config.sampling.max_new_tokens, stop_token_ids=(tokenizer.eos_token_id,),
             pad_token_id=tokenizer.pad_token_id or 0)
-        return Player(graphdef, params, tokenizer, sampling, config.agent.max_context, mesh)
+        return Player(graphdef, params, tokenizer, sampling, config.agent.max_context, mesh,
+                      kv_cache=config.rollout.kv_cache)
 
     agent = player(config.agent.model, config.agent.remat)
     members = [player(spec, config.sim.remat) for spec in mode.member_specs()]

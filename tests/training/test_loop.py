@@ -19,7 +19,8 @@ from tests.training.conftest import tensorboard_scalars
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Keys that depend only on the seed and the computation (not on wall-clock time).
-DETERMINISTIC = ("reward", "loss", "agent/entropy", "grad_norm", "monitor/zero_variance_groups")
+DETERMINISTIC = ("reward", "loss", "agent/entropy", "grad_norm", "monitor/zero_variance_groups",
+                 "rollout/cache_fallbacks", "rollout/prefill_tokens", "rollout/reused_tokens")
 
 
 def tiny_config(**train):
@@ -35,9 +36,13 @@ def test_agent_learns_the_target_word_against_a_frozen_simulator(tmp_path):
     prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
         train(config, run_dir)
-        rewards = [r["reward"] for r in run_dir.read_metrics()]
+        metrics = run_dir.read_metrics()
+    rewards = [r["reward"] for r in metrics]
     first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
     assert last > first + 0.3, (first, last)
+    # every step's rollout went through the KV caches (the default), each view an extension of its cache
+    assert all(r["rollout/cache_fallbacks"] == 0 and r["rollout/reused_tokens"] > r["rollout/prefill_tokens"]
+               for r in metrics)
 
 
 def run_job(workdir: pathlib.Path, *overrides: str) -> subprocess.Popen:

@@ -1,5 +1,5 @@
 """Players from the config: remat reaches the models, parameters sit on the mesh, and generation on the
-mesh (rows over data x fsdp) plays the same episodes as on one device."""
+mesh (rows over data x fsdp, through the rollout's KV caches) plays the same episodes as on one device."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from experiments.configs.target_word import get_config
-from scope_jax import sampling, sharding
+from scope_jax import kv_cache, sharding
 from scope_jax.logprobs import token_logprobs
 from scope_jax.models import PARTITION_RULES, init, save_pretrained
 from scope_jax.models.tiny import tiny_config
@@ -76,14 +76,12 @@ def test_rollout_on_a_mesh_samples_what_one_device_samples(mode, monkeypatch):
     devices (tensor = 2 shards the parameters), and every sampled token and log-prob is as on one device."""
     row_shardings = []
 
-    def spy(decode):
-        def call(graphdef, params, tokens, *args):
-            row_shardings.append(tokens.sharding)
-            return decode(graphdef, params, tokens, *args)
-        return call
+    def spy(graphdef, params, arrays, tokens, *args):  # the rollout's KV-cache generate call
+        row_shardings.append(tokens.sharding)
+        return generate_call(graphdef, params, arrays, tokens, *args)
 
-    for name in ("_decode_jit", "_decode_population_jit"):
-        monkeypatch.setattr(sampling, name, spy(getattr(sampling, name)))
+    generate_call = kv_cache._generate_call
+    monkeypatch.setattr(kv_cache, "_generate_call", spy)
     alone = _episodes(mode)
     assert {s.num_devices for s in row_shardings} == {1}
     row_shardings.clear()
