@@ -31,7 +31,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.arms = DEFAULT_ARMS
     c.vs_samples = 4
     # Co-Training like for like at every (KL weight, simulator learning rate, objective) of the grid.
-    c.sweep = ml_collections.ConfigDict({"kl_coefs": (), "sim_learning_rates": (), "objectives": ("adversarial",)})
+    c.sweep = ml_collections.ConfigDict({"kl_coefs": (), "sim_learning_rates": (),
+                                         "objectives": ("adversarial",)})
     c.pretrain = ml_collections.ConfigDict(dataclasses.asdict(PretrainConfig()))
     c.rl = ml_collections.ConfigDict(dataclasses.asdict(RLConfig()))
     return c

@@ -336,7 +336,8 @@ def verbalized_replies(graphdef: nnx.GraphDef, params: Params, card: jax.Array, 
 
 def verbalized_table(graphdef: nnx.GraphDef, params: Params, card: jax.Array, key: jax.Array,
                      samples: int) -> tuple[jax.Array, jax.Array]:
-    """`verbalized_replies` at every decision state: (q [N_STATES, S, U], malformed fraction [N_STATES, S])."""
+    """`verbalized_replies` at every decision state: (q [N_STATES, S, U], malformed fraction [N_STATES, S])
+    (`samples` static under jit)."""
     direct = sim_reply_table(graphdef, params, card)
     return verbalized_replies(graphdef, params, card, direct, np.arange(personas.N_STATES), key, samples)
 

@@ -117,9 +117,9 @@ CONTROLS = ("frozen", "frozen_base")  # every other trained arm is compared with
 def sweep_arm(kl_coef: float, learning_rate: float, objective: str = "adversarial") -> Arm:
     """Co-Training like for like (from the collapsed simulator, anchored to its start) at one setting."""
     tag = "" if objective == "adversarial" else f"_{objective}"
-    return Arm(f"cotrain{tag}_kl{kl_coef:g}_lr{learning_rate:g}",
-               f"Co-Training{' ' + objective if tag else ''}, KL {kl_coef:g}, simulator lr {learning_rate:g}",
-               "cotrain", objective=objective, sim_kl_coef=float(kl_coef), sim_learning_rate=float(learning_rate))
+    label = f"Co-Training{' ' + objective if tag else ''}, KL {kl_coef:g}, simulator lr {learning_rate:g}"
+    return Arm(f"cotrain{tag}_kl{kl_coef:g}_lr{learning_rate:g}", label, "cotrain", objective=objective,
+               sim_kl_coef=float(kl_coef), sim_learning_rate=float(learning_rate))
 
 
 def collapse_personas(arms: list[Arm]) -> tuple[int, ...]:

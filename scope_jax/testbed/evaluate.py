@@ -111,7 +111,8 @@ def exact_metrics(policy: np.ndarray, train_sims: Sequence[np.ndarray], populati
         "heldout_sims_value": float(np.mean(heldout)),
         "train_value": float(np.mean([personas.policy_value(policy, q) for q in train_sims])),
         "sim_deviation": float(np.mean([personas.simulator_deviation(policy, q) for q in train_sims])),
-        "sim_kl_to_start": float(np.mean([kl_to_start(policy, q, q0) for q, q0 in zip(train_sims, start_sims)])),
+        "sim_kl_to_start": float(np.mean([kl_to_start(policy, q, q0)
+                                          for q, q0 in zip(train_sims, start_sims)])),
         "sim_variance_share": float(np.nanmean([s.simulator_share for s in splits])),
         "sim_side_variance": float(np.mean([s.simulator_side for s in splits])),
         "reward_variance": float(np.mean([s.total for s in splits])),

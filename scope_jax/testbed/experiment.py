@@ -114,7 +114,8 @@ class Tabulator:
     def verbalized(self, params, card: int, keys: Sequence[jax.Array],
                    samples: int) -> tuple[np.ndarray, np.ndarray]:
         """(what VS trains against [R, N_STATES, S, U], malformed fraction [R, N_STATES, S]) of params [R]."""
-        out = [self._verbal(self.graphdef, _index(params, i), card, key, samples) for i, key in enumerate(keys)]
+        out = [self._verbal(self.graphdef, _index(params, i), card, key, samples)
+               for i, key in enumerate(keys)]
         return np.stack([lm.as_table(q) for q, _ in out]), np.stack([np.asarray(m) for _, m in out])
 
 
@@ -185,7 +186,8 @@ def pretraining_diagnostics(tables: Tables, population: np.ndarray,
     out: dict[str, Any] = {k: [] for k in (
         "agent_first_turn_tv_to_p4g", "agent_value", "base_tv", "card_tv", "collapsed_tv_to_tabular",
         "base_deviation", "collapsed_deviation", "verbalized_deviation", "verbalized_tv",
-        "verbalized_tv_to_base", "verbalized_malformed", "population_deviation", "tabular_collapsed_deviation",
+        "verbalized_tv_to_base", "verbalized_malformed", "population_deviation",
+        "tabular_collapsed_deviation",
         "base_best_response_value", "verbalized_best_response_value")}
     for r, pi in enumerate(tables.agent):
         w = _on_policy_weights(pi, population)
@@ -202,7 +204,8 @@ def pretraining_diagnostics(tables: Tables, population: np.ndarray,
         for key, table in (("base_best_response_value", tables.base[r]),
                            ("verbalized_best_response_value", tables.verbalized[r])):
             out[key].append(personas.policy_value(personas.best_response(table).policy, population))
-        for key, table in (("base_deviation", tables.base[r]), ("collapsed_deviation", tables.collapsed[r, 0]),
+        for key, table in (("base_deviation", tables.base[r]),
+                           ("collapsed_deviation", tables.collapsed[r, 0]),
                            ("verbalized_deviation", tables.verbalized[r]),
                            ("population_deviation", population),
                            ("tabular_collapsed_deviation", personas.collapsed_simulator())):

@@ -22,10 +22,10 @@ from flax import nnx
 
 from scope_jax.envs import persona_lm as lm
 from scope_jax.envs import personas
+from scope_jax.testbed.evaluate import LEVELS
 
-_LEVELS = tuple(slice(personas.LEVEL_OFFSETS[t], personas.LEVEL_OFFSETS[t + 1]) for t in range(personas.TURNS))
 _ASK_REWARD = personas.reward(personas.STATE_SCORE).astype(np.float32)
-_FINAL_REWARD = personas.reward(personas.STATE_SCORE[_LEVELS[-1], None, None]
+_FINAL_REWARD = personas.reward(personas.STATE_SCORE[LEVELS[-1], None, None]
                                 + personas.SCORE_WEIGHTS).astype(np.float32)  # [n_last, 1, U]
 
 
@@ -33,7 +33,8 @@ def policy_value(policy: jax.Array, sim: jax.Array) -> jax.Array:
     """E[reward] of policy [N_STATES, N_AGENT] against sim [N_STATES, S, U], exactly (traceable)."""
     chex.assert_shape([policy, sim], [(personas.N_STATES, personas.N_AGENT),
                                       (personas.N_STATES, personas.N_STRATEGIES, personas.N_USER)])
-    flow = lambda reach, t: reach[:, None, None] * policy[_LEVELS[t], :personas.N_STRATEGIES, None] * sim[_LEVELS[t]]
+    flow = lambda reach, t: (reach[:, None, None] * policy[LEVELS[t], :personas.N_STRATEGIES, None]
+                             * sim[LEVELS[t]])
     reach = [jnp.ones((1,), policy.dtype)]
     for t in range(personas.TURNS - 1):
         reach.append(flow(reach[t], t).reshape(-1))

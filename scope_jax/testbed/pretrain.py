@@ -1,4 +1,4 @@
-"""Pretraining the testbed's transformers by supervised learning (`SFT`: one jitted step, vmapped over models).
+"""Pretraining the testbed's transformers by supervised learning (`SFT`: one jitted step vmapped over models).
 
 * Agent: persuader behaviour, i.e. dialogues of the P4G policy (`personas.p4g_policy`: per-turn P4G
   strategy frequencies, the donation request only when forced) with the population; loss on its acts.
@@ -291,8 +291,8 @@ def verbalization_data(config: PretrainConfig, seed: Sequence[int], predictive: 
     n = config.collapse_steps * config.vs_batch
     population = sample_dialogues(rng, n, UNIFORM, PERSONA_TABLES,
                                   rng.choice(len(personas.PERSONAS), n, p=personas.PRIOR))
-    return tuple(_batches(x, config.collapse_steps) for x in verbalization_examples(rng, population,
-                                                                                   predictive, n))
+    examples = verbalization_examples(rng, population, predictive, n)
+    return tuple(_batches(x, config.collapse_steps) for x in examples)
 
 
 def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Sequence[int],
@@ -309,8 +309,8 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
     priors = [personas.PRIOR] * R + list(config.heldout_priors)
     data_seeds = [[s, 1] for s in seeds] + [[s, 2] for s in heldout_seeds]
     init_seeds = [1000 * s + 1 for s in seeds] + [1000 * s + 2 for s in heldout_seeds]
-    sims, sim_losses = sft(_inits(config, init_seeds),
-                           _stack([(simulator_data(config, ds, prior),) for ds, prior in zip(data_seeds, priors)]))
+    sim_data = [(simulator_data(config, ds, prior),) for ds, prior in zip(data_seeds, priors)]
+    sims, sim_losses = sft(_inits(config, init_seeds), _stack(sim_data))
     base = jax.tree.map(lambda x: x[:R], sims)
     heldout = jax.tree.map(lambda x: x[R:], sims)
 
@@ -333,7 +333,9 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
     if selfplay:
         emotional = collapse_personas.index(personas.EMOTIONAL)
         steps = config.selfplay_steps
-        joint, losses["selfplay"] = sft(jax.tree.map(lambda x: x[:, emotional], collapsed), _stack(
-            [(agent_data(config, [s, 4], steps),
-              collapse_data(config, [s, 5], card_tables[r][personas.EMOTIONAL], steps)) for r, s in enumerate(seeds)]))
+        both_roles = [(agent_data(config, [s, 4], steps),
+                       collapse_data(config, [s, 5], card_tables[r][personas.EMOTIONAL], steps))
+                      for r, s in enumerate(seeds)]
+        joint, losses["selfplay"] = sft(jax.tree.map(lambda x: x[:, emotional], collapsed),
+                                        _stack(both_roles))
     return Pretrained(agent, base, collapsed, heldout, joint, losses)

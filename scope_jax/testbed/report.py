@@ -58,7 +58,8 @@ EVAL_METRICS = {
 }
 DELTA_METRICS = ("heldout_value", "heldout_success", "heldout_donation", "heldout_sims_value",
                  "entropy_off_sim", "first_turn_entropy")
-INITIAL_METRICS = ("heldout_value", "sim_deviation", "sim_side_variance", "reward_variance") + GradientPanel.KEYS
+INITIAL_METRICS = ("heldout_value", "sim_deviation", "sim_side_variance", "reward_variance",
+                   *GradientPanel.KEYS)
 SWEEP_RULE = ("the setting whose co-trained simulator ends with the largest on-policy deviation "
               "(1 - p_max, exact) against the final agent, mean over seeds: the quantity Theorem 3.2's "
               "bound depends on, computed from the training simulator and the agent only (no held-out data)")
@@ -128,7 +129,8 @@ def summarize(results: Results) -> dict[str, Any]:
                         for name in finals if name not in (control, "untrained")}
               for control in CONTROLS if control in finals}
     if "untrained" in finals:
-        deltas["untrained"] = {name: {"heldout_value": _stat(f["heldout_value"] - finals["untrained"]["heldout_value"])}
+        untrained = finals["untrained"]["heldout_value"]
+        deltas["untrained"] = {name: {"heldout_value": _stat(f["heldout_value"] - untrained)}
                                for name, f in finals.items() if name != "untrained"}
     panel_change = {name: {k: _stat(f[k] - f[f"initial/{k}"]) for k in GradientPanel.KEYS}
                     for name, f in finals.items() if name != "untrained"}
@@ -167,7 +169,7 @@ def _limits(ax, key: str) -> None:
     """Keep the axes to a metric's range: 95% bands over few seeds can be wider than it."""
     if key.startswith("grad_cos"):
         ax.set_ylim(-1.0, 1.0)
-    elif "entropy" in key or "deviation" in key or key.endswith("variance") or key.startswith(("grad", "sim_kl")):
+    elif any(word in key for word in ("entropy", "deviation", "variance", "grad", "sim_kl")):
         ax.set_ylim(bottom=0.0)
     else:
         ax.set_ylim(0.0, 2.0 if "donation" in key else 1.0)
@@ -275,8 +277,8 @@ def comparison_sentences(summary: dict[str, Any]) -> list[str]:
     for name in summary["arms"]:
         if name in ("untrained", "frozen"):
             continue
-        parts = [f"{signed(deltas[c][name]['heldout_value'])} vs the {_label(summary, c)} ({direction(deltas[c][name]['heldout_value'])})"
-                 for c in CONTROLS if c in deltas and name in deltas[c]]
+        against = {c: deltas[c][name]["heldout_value"] for c in CONTROLS if c in deltas and name in deltas[c]}
+        parts = [f"{signed(d)} vs the {_label(summary, c)} ({direction(d)})" for c, d in against.items()]
         if parts:
             lines.append(f"**{_label(summary, name)}**: held-out value {'; '.join(parts)}.")
     return lines
@@ -294,7 +296,8 @@ def panel_sentence(summary: dict[str, Any], name: str = "frozen") -> str | None:
             f"(change {signed(mode)}, {direction(mode, 'rose', 'fell')}), cos(g_train, g_population) from "
             f"{arm['initial/grad_cos_population']['mean']:.3f} to {arm['grad_cos_population']['mean']:.3f} "
             f"(change {signed(pop)}, {direction(pop, 'rose', 'fell')}), ||g_train - g_mode|| from "
-            f"{arm['initial/grad_dist_mode']['mean']:.4f} to {arm['grad_dist_mode']['mean']:.4f} at on-policy "
+            f"{arm['initial/grad_dist_mode']['mean']:.4f} to {arm['grad_dist_mode']['mean']:.4f} at "
+            f"on-policy "
             f"deviation {arm['initial/sim_deviation']['mean']:.3f} -> {arm['sim_deviation']['mean']:.3f}. "
             f"The prediction (the first rises while the second falls, both at 95%) "
             f"{'holds' if held else 'does not hold'} here.")
@@ -303,8 +306,9 @@ def panel_sentence(summary: dict[str, Any], name: str = "frozen") -> str | None:
 def ceiling_sentence(summary: dict[str, Any]) -> str:
     arms, pre = summary["arms"], summary["pretraining"]
     best = max(arms, key=lambda a: arms[a]["heldout_value"]["mean"])
-    return (f"The best arm, {_label(summary, best)}, ends at {arms[best]['heldout_value']['mean']:.3f} held-out "
-            f"value; the adaptive ceiling is {summary['references']['best adaptive']['value']:.3f} and the "
+    return (f"The best arm, {_label(summary, best)}, ends at {arms[best]['heldout_value']['mean']:.3f} "
+            f"held-out value; the adaptive ceiling is {summary['references']['best adaptive']['value']:.3f} "
+            f"and the "
             f"population value of the best response to the base transformer simulator "
             f"{np.mean(pre['base_best_response_value']):.3f}, to the Verbalized Sampling simulator "
             f"{np.mean(pre['verbalized_best_response_value']):.3f}.")
@@ -346,8 +350,8 @@ DELTA_COLUMNS = (("Δ held-out value", "heldout_value"), ("Δ success", "heldout
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |"
-                                                                           for r in rows]
+    row = lambda cells: "| " + " | ".join(cells) + " |"
+    return [row(header), "|" + "---|" * len(header)] + [row(r) for r in rows]
 
 
 def arms_table(summary: dict[str, Any], columns=ARM_COLUMNS, names=None) -> list[str]:
@@ -372,8 +376,9 @@ def sweep_table(summary: dict[str, Any]) -> list[str]:
     rows = []
     for name, point in summary["sweep"].items():
         arm, d = summary["arms"][name], summary["deltas"].get("frozen", {}).get(name)
-        rows.append([f"{point['kl']:g}", f"{point['lr']:g}", point["objective"], fmt(_pair(arm["heldout_value"])),
-                     fmt(_pair(d["heldout_value"])) if d else "-", fmt(_pair(arm["step/reward"])),
+        rows.append([f"{point['kl']:g}", f"{point['lr']:g}", point["objective"],
+                     fmt(_pair(arm["heldout_value"])), fmt(_pair(d["heldout_value"])) if d else "-",
+                     fmt(_pair(arm["step/reward"])),
                      fmt(_pair(arm["sim_deviation"])), fmt(_pair(arm["sim_kl_to_start"])),
                      "chosen" if name == summary["sweep_choice"] else ""])
     return _table(["KL", "sim lr", "objective", "held-out value", "Δ vs frozen", "train reward",
@@ -394,12 +399,35 @@ def construction_paragraph(summary: dict[str, Any]) -> str:
         "trained on the population, so its arm measures what a faithful simulator alone is worth. Verbalized "
         "Sampling is the collapsed model taught to state the base model's own reply distribution (TV "
         f"{np.mean(pre['verbalized_tv_to_base']):.3f} on-policy between what it states, sampled as in "
-        "training, and the base model's replies), so it can be worth about what the frozen base simulator is, "
-        "not more. Co-Training starts from the collapsed simulator and is anchored to it: it never sees the "
+        "training, and the base model's replies), so it can be worth about what the frozen base simulator "
+        "is, not more. Co-Training starts from the collapsed simulator and is anchored to it: it never sees "
+        "the "
         "base model or the population, only the agent's reward; the two base variants do see the base "
         "model. Population Co-Training, rotation and mixture use four collapsed models, one per persona "
         "direction, made with the base model's persona cards: they are given the persona structure. "
         "Self-play's joint model learnt both roles on the same data and was collapsed by the same step.")
+
+
+same = np.asarray
+PRETRAINING_ROWS = (  # (label, key in the pretraining diagnostics, reduction per seed)
+    ("deviation 1 - p_max: population (truth)", "population_deviation", same),
+    ("deviation: base simulator, direct", "base_deviation", same),
+    ("deviation: collapsed simulator, direct", "collapsed_deviation", same),
+    ("deviation: collapsed simulator, verbalized (sampled)", "verbalized_deviation", same),
+    ("deviation: tabular collapsed simulator (reference)", "tabular_collapsed_deviation", same),
+    ("TV base (no card) vs population", "base_tv", same),
+    ("TV base with persona card vs persona (mean of 4)", "card_tv", lambda x: np.mean(x, 1)),
+    ("TV verbalized vs population", "verbalized_tv", same),
+    ("TV verbalized vs the base model's replies", "verbalized_tv_to_base", same),
+    ("TV collapsed vs tabular collapsed simulator", "collapsed_tv_to_tabular", same),
+    ("malformed verbalizations (on-policy)", "verbalized_malformed", same),
+    ("population value of the best response to the base simulator", "base_best_response_value", same),
+    ("population value of the best response to the verbalized simulator", "verbalized_best_response_value",
+     same),
+    ("pretrained agent: first-turn TV to P4G frequencies", "agent_first_turn_tv_to_p4g", same),
+    ("self-play joint model: agent role's population value", "selfplay_agent_value", same),
+    ("self-play joint model: user role's deviation", "selfplay_deviation", same),
+)
 
 
 def markdown(results: Results, summary: dict[str, Any]) -> str:
@@ -412,9 +440,10 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
         f"(the project's decoder); RL: {rl.steps} steps of {rl.episodes} episodes in groups of "
         f"{rl.group_size}, GRPO, agent lr {rl.learning_rate:g}, simulator lr {rl.sim_learning_rate:g}, "
         f"simulator KL {rl.sim_kl_coef:g}, adversarial simulator objective unless named; rotation takes "
-        f"the simulators in turn every {rl.rotation_block} step(s). Held-out users: the exact population (all "
-        f"values below are exact sums over trajectories) and {len(pre['heldout'])} independently trained "
-        f"transformer simulators. Success = the persuadee gives at least $1 (score ≥ 1); donation = 2 x reward. "
+        f"the simulators in turn every {rl.rotation_block} step(s). Held-out users: the exact population "
+        f"(all values below are exact sums over trajectories) and {len(pre['heldout'])} independently "
+        f"trained transformer simulators. Success = the persuadee gives at least $1 (score ≥ 1); donation = "
+        f"2 x reward. "
         f"Mean ± 95% t-interval over seeds. Wall time {results.seconds['total']:.0f} s.", "",
         "![main](figures/main.png)", "", "![gradient panel](figures/gradient_panel.png)", "",
         construction_paragraph(summary), "",
@@ -437,38 +466,23 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
               *arms_table(summary, panel_columns, [a for a in summary["arms"] if a != "untrained"]), ""]
     if summary["sweep"]:
         lines += ["## Co-Training sweep (from the collapsed simulator, anchored to its start)", "",
-                  f"Rule, stated before the sweep was run: choose {SWEEP_RULE}.", "", *sweep_table(summary), ""]
+                  f"Rule, stated before the sweep was run: choose {SWEEP_RULE}.", "",
+                  *sweep_table(summary), ""]
     lines += ["## Exact values on the population", "", *_table(
         ["policy", "value", "donation", "success"],
         [[name, f"{r['value']:.4f}", f"${r['donation']:.3f}", f"{r['success']:.4f}"]
          for name, r in summary["references"].items()]), ""]
-    rows = [["deviation 1 - p_max: population (truth)", mean_sd(pre["population_deviation"])],
-            ["deviation: base simulator, direct", mean_sd(pre["base_deviation"])],
-            ["deviation: collapsed simulator, direct", mean_sd(pre["collapsed_deviation"])],
-            ["deviation: collapsed simulator, verbalized (sampled)", mean_sd(pre["verbalized_deviation"])],
-            ["deviation: tabular collapsed simulator (reference)", mean_sd(pre["tabular_collapsed_deviation"])],
-            ["TV base (no card) vs population", mean_sd(pre["base_tv"])],
-            ["TV base with persona card vs persona (mean of 4)", mean_sd(np.mean(pre["card_tv"], 1))],
-            ["TV verbalized vs population", mean_sd(pre["verbalized_tv"])],
-            ["TV verbalized vs the base model's replies", mean_sd(pre["verbalized_tv_to_base"])],
-            ["TV collapsed vs tabular collapsed simulator", mean_sd(pre["collapsed_tv_to_tabular"])],
-            ["malformed verbalizations (on-policy)", mean_sd(pre["verbalized_malformed"])],
-            ["population value of the best response to the base simulator", mean_sd(pre["base_best_response_value"])],
-            ["population value of the best response to the verbalized simulator",
-             mean_sd(pre["verbalized_best_response_value"])],
-            ["pretrained agent: first-turn TV to P4G frequencies", mean_sd(pre["agent_first_turn_tv_to_p4g"])]]
-    if "selfplay_agent_value" in pre:
-        rows += [["self-play joint model: agent role's population value", mean_sd(pre["selfplay_agent_value"])],
-                 ["self-play joint model: user role's deviation", mean_sd(pre["selfplay_deviation"])]]
-    rows += [[f"held-out simulator {h} (prior {np.round(x['prior'], 2).tolist()}): TV to its population, deviation",
-              f"{x['tv_to_own_population']:.3f}, {x['deviation']:.3f}"] for h, x in enumerate(pre["heldout"])]
+    rows = [[label, mean_sd(reduce(pre[key]))] for label, key, reduce in PRETRAINING_ROWS if key in pre]
+    rows += [[f"held-out simulator {h} (prior {np.round(x['prior'], 2).tolist()}): TV to its population, "
+              f"deviation", f"{x['tv_to_own_population']:.3f}, {x['deviation']:.3f}"]
+             for h, x in enumerate(pre["heldout"])]
     lines += ["## Simulators after pretraining (on-policy with the pretrained agent, exact)", "",
               *_table(["quantity", "value"], rows), ""]
     missing = [m for m in MODES if m not in summary["modes"].values()]
     if missing:
         lines += [f"Modes not run in this configuration: {', '.join(missing)}.", ""]
-    lines += ["## Wall time (s)", "", *_table(["phase", "seconds"], [[k, f"{v:.1f}"] for k, v in
-                                                                   results.seconds.items()]), "",
+    seconds = [[k, f"{v:.1f}"] for k, v in results.seconds.items()]
+    lines += ["## Wall time (s)", "", *_table(["phase", "seconds"], seconds), "",
               "Per-metric figures: `figures/metric_*.png`; every curve point per seed: `metrics.jsonl`."]
     return "\n".join(lines)
 
@@ -480,14 +494,14 @@ def readme_block(summary: dict[str, Any]) -> str:
     """The README's testbed numbers, from summary.json alone."""
     rl = summary["rl"]
     lines = [f"{len(summary['seeds'])} seeds, {rl['steps']} RL steps of {rl['groups'] * rl['group_size']} "
-             f"episodes (GRPO, groups of {rl['group_size']}), mean ± 95% t-interval; every held-out number is "
-             f"exact. Wall time of the run {summary['seconds']['total']:.0f} s.", "",
+             f"episodes (GRPO, groups of {rl['group_size']}), mean ± 95% t-interval; every held-out number "
+             f"is exact. Wall time of the run {summary['seconds']['total']:.0f} s.", "",
              *arms_table(summary, README_COLUMNS), "",
              *[f"- {x}" for x in findings(summary)]]
     return "\n".join(lines)
 
 
-README_BEGIN = "<!-- testbed results: generated by `python -m experiments.readme` from docs/results/summary.json -->"
+README_BEGIN = "<!-- testbed results: python -m experiments.readme writes them from docs/results/ -->"
 README_END = "<!-- end of testbed results -->"
 
 

@@ -35,7 +35,8 @@ def test_a_deterministic_simulator_has_no_simulator_side_variance():
 
 def test_exact_metrics_of_the_p4g_agent():
     collapsed = personas.collapsed_simulator()
-    metrics = evaluate.exact_metrics(personas.p4g_policy(), [collapsed], POPULATION, [POPULATION], [collapsed])
+    metrics = evaluate.exact_metrics(personas.p4g_policy(), [collapsed], POPULATION, [POPULATION],
+                                     [collapsed])
     assert np.isclose(metrics["heldout_value"], 0.3183, atol=1e-4)
     assert metrics["heldout_sims_value"] == metrics["heldout_value"]
     assert np.isclose(metrics["sim_deviation"], 0.4025, atol=1e-4)
@@ -58,7 +59,7 @@ def test_kl_to_start_is_the_on_policy_mean_of_the_per_context_kl():
         for a, u in zip(tokens[1::2], tokens[2::2]):
             if a == personas.PAD or u == personas.PAD or a - personas.AGENT_TOKEN0 == personas.ASK:
                 break
-            s, i = a - personas.AGENT_TOKEN0, personas.state_index(history) if len(history) < personas.TURNS else None
+            s, i = a - personas.AGENT_TOKEN0, personas.state_index(history)
             q, q0 = sim[i, s], start[i, s]
             total += prob * np.sum(q * np.log(q / q0))
             weight += prob

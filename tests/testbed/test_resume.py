@@ -20,8 +20,9 @@ def _arm_of(record):
 
 
 def test_an_interrupted_run_resumes_without_rerunning_or_relogging_finished_arms(tmp_path, pretrained):
-    settings = experiment.Settings(seeds=(0,), arms=tuple(ARMS[a] for a in ("untrained", "frozen", "cotrain")),
-                                   pretrain=QUICK, rl=RL, heldout_seeds=(101,), vs_samples=1)
+    arms = tuple(ARMS[a] for a in ("untrained", "frozen", "cotrain"))
+    settings = experiment.Settings(seeds=(0,), arms=arms, pretrain=QUICK, rl=RL, heldout_seeds=(101,),
+                                   vs_samples=1)
     run_dir = RunDir.create(tmp_path, {"test": "resume"})
     experiment._save(tmp_path / experiment.PRETRAINED, pretrained._asdict())
 
