@@ -16,7 +16,8 @@ REPLIES = (personas.POSITIVE, personas.NEGATIVE, personas.NEUTRAL, personas.SHAR
 
 def _inputs(members, voices=None, verbalized=False, sim_lr=0.0):
     voices = np.broadcast_to(np.arange(members), (RL.steps, members)) if voices is None else voices
-    return rl.arm_inputs(np.full(members, lm.NO_CARD), voices, verbalized, sim_lr, arms.OBJECTIVES["adversarial"])
+    return rl.arm_inputs(np.full(members, lm.NO_CARD), voices, verbalized, sim_lr,
+                         arms.OBJECTIVES["adversarial"])
 
 
 def _collapsed(pretrained, members=1):
@@ -33,10 +34,12 @@ def frozen_and_trained(pretrained, program_p1):
 
 def test_frozen_arm_leaves_simulator_parameters_bit_identical(pretrained, frozen_and_trained):
     state, _, snaps = frozen_and_trained[0.0]
-    for before, after, snap in zip(jax.tree.leaves(_collapsed(pretrained)), jax.tree.leaves(state.params["sims"]),
-                                   jax.tree.leaves(snaps.sims)):
+    leaves = zip(jax.tree.leaves(_collapsed(pretrained)), jax.tree.leaves(state.params["sims"]),
+                 jax.tree.leaves(snaps.sims))
+    for before, after, snap in leaves:
         np.testing.assert_array_equal(np.asarray(after), np.asarray(before))
-        np.testing.assert_array_equal(np.asarray(snap), np.broadcast_to(np.asarray(before)[:, None], snap.shape))
+        np.testing.assert_array_equal(np.asarray(snap),
+                                      np.broadcast_to(np.asarray(before)[:, None], snap.shape))
     moved = [np.abs(np.asarray(a) - np.asarray(b)).max()
              for a, b in zip(jax.tree.leaves(state.params["agent"]), jax.tree.leaves(pretrained.agent))]
     assert max(moved) > 1e-3  # the agent trained
@@ -55,11 +58,10 @@ def test_a_short_frozen_run_raises_the_exact_training_value(pretrained, graphdef
     state, _, _ = frozen_and_trained[0.0]
     sim = lm.as_table(jax.jit(lm.sim_reply_table, static_argnums=0)(
         graphdef, jax.tree.map(lambda x: x[0, 0], pretrained.collapsed), lm.NO_CARD))
-    policy = jax.jit(lm.agent_policy_table, static_argnums=0)
-    before = personas.policy_value(lm.as_table(policy(graphdef, jax.tree.map(lambda x: x[0], pretrained.agent))),
-                                   sim)
-    after = personas.policy_value(lm.as_table(policy(graphdef, jax.tree.map(lambda x: x[0],
-                                                                             state.params["agent"]))), sim)
+    table = jax.jit(lm.agent_policy_table, static_argnums=0)
+    first = lambda tree: jax.tree.map(lambda x: x[0], tree)
+    value = lambda agents: personas.policy_value(lm.as_table(table(graphdef, first(agents))), sim)
+    before, after = value(pretrained.agent), value(state.params["agent"])
     assert after > before + 0.02, (before, after)
 
 
@@ -125,11 +127,12 @@ def test_self_play_update_carries_the_simulator_roles_gradient(pretrained, graph
     joint = jax.tree.map(lambda x: x[0], pretrained.agent)
     as_sims = jax.tree.map(lambda x: x[None], joint)
     state = program.init(joint, as_sims, as_sims, jax.random.key(1))
-    d = jax.jit(lm.rollout, static_argnums=(0, 2, 7, 8))(graphdef, joint, graphdef, as_sims, jnp.asarray([lm.NO_CARD]),
-                                                        jnp.asarray(False), jax.random.key(2), 1, RL.episodes)
+    rollout = jax.jit(lm.rollout, static_argnums=(0, 2, 7, 8))
+    d = rollout(graphdef, joint, graphdef, as_sims, jnp.asarray([lm.NO_CARD]), jnp.asarray(False),
+                jax.random.key(2), 1, RL.episodes)
     batch = program.batch(d, jnp.asarray(-1.0))
     no_agent = batch.replace(agent=batch.agent.replace(advantages=jnp.zeros_like(batch.agent.advantages)))
-    neither = no_agent.replace(sims=no_agent.sims.replace(advantages=jnp.zeros_like(no_agent.sims.advantages)))
+    neither = no_agent.replace(sims=no_agent.sims.replace(advantages=jnp.zeros_like(batch.sims.advantages)))
     step = jax.jit(program.train_step)
     moved = lambda b: max(float(jnp.abs(a - o).max()) for a, o in zip(
         jax.tree.leaves(step(state, b)[0].params["agent"]), jax.tree.leaves(joint)))
