@@ -29,7 +29,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.seeds = (0, 1, 2, 3, 4)
     c.heldout_seeds = (101, 102)
     c.arms = DEFAULT_ARMS
-    c.vs_samples = 4
+    c.vs_samples = 2
     # Co-Training like for like at every (KL weight, simulator learning rate, objective) of the grid.
     c.sweep = ml_collections.ConfigDict({"kl_coefs": (), "sim_learning_rates": (),
                                          "objectives": ("adversarial",)})

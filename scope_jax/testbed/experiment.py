@@ -48,7 +48,7 @@ class Settings:
     pretrain: PretrainConfig
     rl: RLConfig
     heldout_seeds: tuple[int, ...] = (101, 102)
-    vs_samples: int = 4
+    vs_samples: int = 2
 
 
 @dataclasses.dataclass

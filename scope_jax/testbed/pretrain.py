@@ -63,9 +63,9 @@ class PretrainConfig:
     vs_batch: int = 64
     learning_rate: float = 1e-2
     agent_steps: int = 120
-    sim_steps: int = 300
-    collapse_steps: int = 100
-    selfplay_steps: int = 100
+    sim_steps: int = 240
+    collapse_steps: int = 80
+    selfplay_steps: int = 60
     card_prob: float = 0.5
     collapse_temperature: float = 0.5
     heldout_priors: tuple[tuple[float, ...], ...] = ((0.2, 0.3, 0.25, 0.25), (0.25, 0.25, 0.25, 0.25))

@@ -291,16 +291,18 @@ def panel_sentence(summary: dict[str, Any], name: str = "frozen") -> str | None:
     arm, change = summary["arms"][name], summary["panel_change"][name]
     mode, pop = change["grad_cos_mode"], change["grad_cos_population"]
     held = (direction(mode, "rose", "fell") == "rose") and (direction(pop, "rose", "fell") == "fell")
+    path = lambda key, n=3: f"{arm['initial/' + key]['mean']:.{n}f} to {arm[key]['mean']:.{n}f}"
+    ratio = lambda at: f"{arm[at + 'grad_dist_mode']['mean'] / arm[at + 'sim_deviation']['mean']:.2f}"
     return (f"Gradient panel, {_label(summary, name)}: cos(g_train, g_mode) went from "
-            f"{arm['initial/grad_cos_mode']['mean']:.3f} to {arm['grad_cos_mode']['mean']:.3f} "
+            f"{path('grad_cos_mode')} "
             f"(change {signed(mode)}, {direction(mode, 'rose', 'fell')}), cos(g_train, g_population) from "
-            f"{arm['initial/grad_cos_population']['mean']:.3f} to {arm['grad_cos_population']['mean']:.3f} "
-            f"(change {signed(pop)}, {direction(pop, 'rose', 'fell')}), ||g_train - g_mode|| from "
-            f"{arm['initial/grad_dist_mode']['mean']:.4f} to {arm['grad_dist_mode']['mean']:.4f} at "
-            f"on-policy "
-            f"deviation {arm['initial/sim_deviation']['mean']:.3f} -> {arm['sim_deviation']['mean']:.3f}. "
-            f"The prediction (the first rises while the second falls, both at 95%) "
-            f"{'holds' if held else 'does not hold'} here.")
+            f"{path('grad_cos_population')} (change {signed(pop)}, {direction(pop, 'rose', 'fell')}), "
+            f"||g_train - g_mode|| from {path('grad_dist_mode', 4)} "
+            f"(||g_train|| from {path('grad_norm', 4)}) "
+            f"at on-policy deviation from {path('sim_deviation')} (distance over deviation "
+            f"{ratio('initial/')} at the start, {ratio('')} at the end). The prediction (the first rises "
+            f"while the "
+            f"second falls, both at 95%) {'holds' if held else 'does not hold'} here.")
 
 
 def ceiling_sentence(summary: dict[str, Any]) -> str:

@@ -43,10 +43,10 @@ class RLConfig:
     """steps must be a multiple of eval_every; groups a multiple of the arm's members. rotation_block:
     steps each simulator of a rotation answers before the next one takes over."""
 
-    steps: int = 120
-    eval_every: int = 40
+    steps: int = 100
+    eval_every: int = 50
     groups: int = 8
-    group_size: int = 16
+    group_size: int = 12
     learning_rate: float = 1e-3
     sim_learning_rate: float = 5e-4
     sim_kl_coef: float = 8.0
