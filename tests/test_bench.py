@@ -7,14 +7,15 @@ import numpy as np
 
 from experiments.bench import recompute_logprobs
 from experiments.configs.target_word import get_config
-from scope_jax.training import loop
+from scope_jax.training import rl_step
+from scope_jax.training.setup import build
 
 
 def test_recomputed_logprobs_match_the_samplers_on_every_trained_token():
     config = get_config("selfplay")  # one model plays and trains both roles: both batches are recomputed
-    setup = loop.build(config)
-    episodes = loop.rollout_step(setup, config, setup.state, 0)[2]
-    batch = loop.make_batch(setup, config, episodes)
+    setup = build(config)
+    episodes = rl_step.play_episodes(setup, setup.state, 0)
+    batch = rl_step.make_batch(setup, episodes, rl_step.role_advantages(setup, episodes))
     recomputed = jax.jit(functools.partial(recompute_logprobs, setup))(setup.state.params, batch)
     assert set(recomputed) == {"agent", "sims"}
     for role, role_batch in (("agent", batch.agent), ("sims", batch.sims)):

@@ -6,10 +6,17 @@ import sys
 
 import ml_collections
 import pytest
+from absl import flags
 
+from experiments import run as runner
 from experiments.run import prepare
 from scope_jax.config import ConfigError, validate
+from scope_jax.dialogue.episode import SIM, Message
+from scope_jax.envs.base import TurnResult
+from scope_jax.envs.target_word import TargetWordEnv
+from scope_jax.training import train
 from scope_jax.training.run_dir import RunDir, RunDirError
+from tests.training.conftest import tensorboard_scalars
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -77,6 +84,59 @@ def test_runner_stops_with_one_line_naming_the_key(tmp_path, override, expected)
     assert not (tmp_path / "run").exists()
 
 
+def cli(monkeypatch, *args: str) -> str:
+    """`python -m experiments.run ARGS` (its flag parsing and main()) in this process, so that a test can
+    break a run on purpose; returns the message it exits with (exit status 1, the message on stderr)."""
+    monkeypatch.chdir(ROOT)
+    argv = ["run", *args]
+    monkeypatch.setattr(sys, "argv", argv)  # the config flag defines its override flags from sys.argv
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            runner.main(runner.parse_flags(argv))
+    finally:
+        flags.FLAGS.unparse_flags()
+        for name in [name for name in flags.FLAGS if name.startswith("config.")]:
+            delattr(flags.FLAGS, name)
+    return stopped.value.code
+
+
+TINY_RUN = ("--config=experiments/configs/target_word.py", "--config.train.steps=1",
+            "--config.rollout.groups=1", "--config.rollout.group_size=2", "--config.train.eval_every=0")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--config=experiments/configs/nowhere.py"],
+     "error: config file experiments/configs/nowhere.py does not exist"),
+    (["--config=experiments/configs/target_word.py:bogus"],
+     "error: unknown simulator mode 'bogus'; one of frozen"),
+    (["--config=experiments/configs/collapse.py", "--config.seeds=abc"],
+     "error: config key 'seeds' must be of type tuple of int, got tuple ('abc',)"),
+], ids=["missing config file", "unknown :ARG", "wrong-typed value"])
+def test_a_users_mistake_is_one_line(tmp_path, monkeypatch, args, expected):
+    message = cli(monkeypatch, *args, f"--workdir={tmp_path / 'run'}")
+    assert message.startswith(expected) and "\n" not in message, message
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_stopped_on_purpose_is_one_line(tmp_path, monkeypatch):
+    """TrainingStopped (too many non-finite steps) ends the command with its one-line message."""
+    monkeypatch.setattr(train, "rl_step", lambda setup, state, step: (state, {"skipped": 1.0}, []))
+    message = cli(monkeypatch, *TINY_RUN, f"--workdir={tmp_path}", "--config.train.max_consecutive_skips=0")
+    assert message.startswith("error: 1 non-finite steps in a row at step 0") and "\n" not in message
+
+
+def test_a_failed_prefix_check_is_one_line(tmp_path, monkeypatch):
+    """An environment that rewrites a message a role already saw: the role's view refuses it, in one line."""
+    def rewrite(self, episode, message):
+        episode.messages[0] = Message(SIM, "say cherry please")
+        return TurnResult()
+
+    monkeypatch.setattr(TargetWordEnv, "after_turn", rewrite)
+    message = cli(monkeypatch, *TINY_RUN, f"--workdir={tmp_path}")
+    assert message.startswith("error: the dialogue the ") and "already saw changed" in message
+    assert "\n" not in message
+
+
 def test_run_dir_refuses_a_finished_run_and_truncates_resumed_metrics(tmp_path):
     config = {"a": 1}
     with RunDir.create(tmp_path, config) as run_dir:
@@ -84,6 +144,12 @@ def test_run_dir_refuses_a_finished_run_and_truncates_resumed_metrics(tmp_path):
             run_dir.log(step, {"x": float(step)})
         run_dir.truncate_metrics(3)
         assert [r["step"] for r in run_dir.read_metrics()] == [0, 1, 2]
+        run_dir.close()
+        assert tensorboard_scalars(tmp_path / "tensorboard") == [("x", 0), ("x", 1), ("x", 2)]
+        for step in (3, 4):  # the resumed run logs them again: once each
+            run_dir.log(step, {"x": float(step)})
+        run_dir.close()
+        assert sorted(tensorboard_scalars(tmp_path / "tensorboard")) == [("x", step) for step in range(5)]
         run_dir.write_summary("done")
     with pytest.raises(RunDirError, match="finished run"):
         RunDir.create(tmp_path, config)

@@ -16,7 +16,6 @@ from scope_jax.diagnostics import (
     VarianceSplit,
     branching_variance_split,
     distinct_n,
-    exact_variance_split,
     grouped,
     identical_fraction,
     mode_deviation,
@@ -27,6 +26,35 @@ from scope_jax.diagnostics import (
 from theory import toy, variance_split
 
 TERMS = ("simulator_side", "agent_side", "total")
+
+
+def exact_variance_split(p_h, q, r) -> VarianceSplit:
+    """The exact split of a finite toy, the reference of the branching estimator: p_h [H] law of the history,
+    q [H, U] law of the reply given h, r [H, U] return of (h, u).
+
+        Q(h) = sum_u q[h, u] r[h, u],   V = sum_h p_h Q(h),
+        simulator_side = sum_h p_h sum_u q[h, u] (r[h, u] - Q(h))^2      = E_h[Var_u r],
+        agent_side     = sum_h p_h (Q(h) - V)^2                          = Var_h Q(h),
+        total          = sum_{h,u} p_h q[h, u] (r[h, u] - V)^2           = Var r,
+
+    and total = simulator_side + agent_side (law of total variance). With h = the agent's action in
+    context x this is Lemma 3.3 at T = 1. At simulator turn t of a longer dialogue (h = the history up to
+    the agent's move a_t): take as "reply" u the whole continuation (u_t and everything after) to get what
+    `branching_variance_split` estimates, or take r = the expected return given (h, u_t) to isolate the
+    lemma's simulator term of turn t. Entries of r with zero probability are ignored.
+    """
+    p_h, q, r = (np.asarray(a, dtype=np.float64) for a in (p_h, q, r))
+    if p_h.ndim != 1 or q.ndim != 2 or q.shape[0] != p_h.size or r.shape != q.shape:
+        raise ValueError(f"expected p_h [H], q and r [H, U]; got {p_h.shape}, {q.shape}, {r.shape}")
+    if not (np.isclose(p_h.sum(), 1.0) and np.allclose(q.sum(-1), 1.0)) or (p_h < 0).any() or (q < 0).any():
+        raise ValueError("p_h and every row of q must be probability distributions")
+    joint = p_h[:, None] * q
+    # Centre on a reachable return: constant reachable returns then give exactly 0 (and a NaN share).
+    r = np.where(joint > 0, r - r.flat[np.argmax(joint)], 0.0)
+    qh = (q * r).sum(-1)
+    v = p_h @ qh
+    return VarianceSplit.of(simulator_side=(joint * (r - qh[:, None]) ** 2).sum(),
+                            agent_side=p_h @ (qh - v) ** 2, total=(joint * (r - v) ** 2).sum())
 
 
 def terms(split: VarianceSplit) -> np.ndarray:

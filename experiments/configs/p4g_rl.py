@@ -9,14 +9,20 @@ closing question, replies of at most 32 tokens. Curves, metrics and a few dialog
     python -m experiments.run --config=experiments/configs/p4g_rl.py:cotrain     # the persuadee trains too
     python -m experiments.run --config=experiments/configs/p4g_rl.py:population  # 2 co-trained persuadees
     python -m experiments.run --config=experiments/configs/p4g_rl.py:rotation    # 2 frozen persuadees in turn
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:mixture     # the same, within each step
     python -m experiments.run --config=experiments/configs/p4g_rl.py:selfplay    # one model plays both roles
 
-Only one real model is available offline, so `rotation` takes turns between two copies of SmolLM2 and
-`population` starts both members from it (they drift apart only as they train). Held-out evaluation plays
-the held-out personas (env split "eval") against a fresh SmolLM2 simulator.
+A trained persuadee is the agent's adversary (`sim.objective = "adversarial"`: its reward is minus the
+persuader's, so it learns to resist, kept near the persona-following model by the KL anchor); the
+"cooperative" objective would reward it for donating, which pushes it toward the agreeable persuadee that
+co-training is meant to break. A dialogue whose donation cannot be read gets `env.unreadable_reward`
+(counted as env/unreadable). Only one real model is available offline, so `rotation` and `mixture` take
+turns between two copies of SmolLM2 and `population` starts both members from it (they drift apart only as
+they train). Held-out evaluation plays the held-out personas (env split "eval") against a fresh SmolLM2.
 """
 
-from scope_jax.training.loop import TRAINED_SIM_MODES, default_config
+from scope_jax.simulators.modes import sim_settings
+from scope_jax.training.config import default_config
 
 SMOLLM2 = "smollm2-135m-instruct"
 
@@ -25,13 +31,11 @@ def get_config(mode: str = "frozen", model: str = SMOLLM2):
     """The P4G RL config for simulator mode `mode`, with `model` (a spec: name, HF folder, .gguf) in both
     roles, for the held-out simulator and for rotation; the larger-model configs start from this."""
     config = default_config()
-    config.env.update(name="p4g", max_turns=1)
+    config.env.update(name="p4g", max_turns=1, unreadable_reward=0.0)
     config.agent.update(model=model, max_context=1024)
-    config.sim.update(mode=mode, model=model, models=(model, model))
-    if mode == "population":
-        config.sim.population = 2
-    if mode in TRAINED_SIM_MODES:
-        config.algo.sim_kl_coef = 0.05  # keep the trained persuadee near the persona-following model
+    config.sim.update(sim_settings(mode, model=model, models=(model, model), population=2),
+                      objective="adversarial")
+    config.algo.sim_kl_coef = 0.05  # keep a trained persuadee near the persona-following model
     config.eval.sim_models = (model,)
     # top_p stays 1: the train step recomputes log-probs at the sampling temperature but cannot truncate
     config.sampling.update(temperature=0.7, top_p=1.0, max_new_tokens=32)

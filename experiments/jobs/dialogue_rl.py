@@ -1,4 +1,4 @@
-"""Multi-turn agent-simulator RL on a text environment (scope_jax.training.loop), with its curves."""
+"""Multi-turn agent-simulator RL on a text environment (scope_jax.training.train), with its curves."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from scope_jax.training import loop  # noqa: E402
+from scope_jax.training import config as rl_config  # noqa: E402
 from scope_jax.training.run_dir import RunDir  # noqa: E402
+from scope_jax.training.train import train  # noqa: E402
 
-default_config = loop.default_config
-check = loop.check
+default_config = rl_config.default_config
+check = rl_config.check
 
 CURVES = (("reward", "train reward"), ("heldout_reward", "held-out reward"),
           ("agent/entropy", "agent entropy"), ("agent/kl", "agent KL"),
           ("agent/clip_fraction", "clip fraction"), ("grad_norm", "grad norm"))
+SUMMARY = ("reward", "heldout_reward", "agent/entropy", "monitor/zero_variance_groups", "time/step")
 
 
 def plot_curves(run_dir: RunDir) -> None:
@@ -32,12 +34,12 @@ def plot_curves(run_dir: RunDir) -> None:
 
 
 def run(config, run_dir: RunDir) -> None:
-    _, last = loop.train(config, run_dir)
+    _, last = train(config, run_dir)
     plot_curves(run_dir)
     first = run_dir.read_metrics()[0]
     lines = ["# Dialogue RL", "", f"environment `{config.env.name}`, simulator mode `{config.sim.mode}`, "
              f"{config.train.steps} steps", "", "| metric | first step | last step |", "|---|---|---|"]
-    for key in ("reward", "heldout_reward", "agent/entropy", "zero_variance_groups", "time/step"):
+    for key in SUMMARY:
         if key in last:
             lines.append(f"| {key} | {first.get(key, float('nan')):.4g} | {last[key]:.4g} |")
     lines += ["", "![curves](figures/curves.png)"]

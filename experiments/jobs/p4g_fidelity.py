@@ -10,8 +10,10 @@ keys are played once per arm:
 
 Each arm's donations (scope_jax.envs.p4g: stated in the dialogue, else asked at the end) are compared with
 the human donations of the whole data (B6 in $0..$2, n = 982): donation rate, mean, L1 distance between
-histograms over BINS, and the Kolmogorov-Smirnov statistic. Because N is small, the expected L1 and KS of
-N humans drawn at random against all humans are reported too: distances at that level are sampling noise.
+histograms over BINS, and the Kolmogorov-Smirnov statistic. A dialogue whose donation cannot be read is
+left out of these statistics (its arm's n counts the readable ones) and reported as the unreadable share.
+Because N is small, the expected L1 and KS of N humans drawn at random against all humans are reported
+too: distances at that level are sampling noise.
 Reply diversity across personas (distinct-n of the persuadee's replies at the same turn, and the share of
 replies identical to another persona's) and the Verbalized Sampling parse failure and fallback rates
 complete the table. Outputs: summary.md (table), summary.json, figures/donations.png, dialogues.jsonl.
@@ -33,12 +35,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from scope_jax import diagnostics  # noqa: E402
 from scope_jax.config import ConfigError  # noqa: E402
-from scope_jax.dialogue.episode import SIM, Episode  # noqa: E402
-from scope_jax.dialogue.rollout import Player, SimTurn, members_turn, rollout, verbalized_turn  # noqa: E402
+from scope_jax.dialogue.episode import AGENT, SIM, Episode  # noqa: E402
+from scope_jax.dialogue.rollout import rollout  # noqa: E402
+from scope_jax.dialogue.speakers import ModelSpeaker, Player, Speaker  # noqa: E402
+from scope_jax.dialogue.transcript import transcript  # noqa: E402
 from scope_jax.envs.p4g import CLOSING_QUESTION, P4GEnv, Persona  # noqa: E402
 from scope_jax.sampling import SamplingConfig  # noqa: E402
-from scope_jax.simulators.verbalized import VerbalizedConfig, VerbalizedSampler  # noqa: E402
-from scope_jax.training.loop import transcript, verbalized_config  # noqa: E402
+from scope_jax.simulators.verbalized import (VerbalizedConfig, VerbalizedSampler, summarize,  # noqa: E402
+                                             verbalized_config)
+from scope_jax.simulators.verbalized_speaker import VerbalizedSpeaker  # noqa: E402
 from scope_jax.training.players import load_model  # noqa: E402
 from scope_jax.training.run_dir import RunDir  # noqa: E402
 
@@ -76,7 +81,7 @@ def check(config: ml_collections.ConfigDict) -> None:
     if config.dialogues % config.batch:
         raise ConfigError("config key 'dialogues' must be a multiple of 'batch'")
     try:
-        verbalized_config(config)
+        verbalized_config(config.verbalized)
         _env(config)
     except ValueError as e:  # P4GDataError included
         raise ConfigError(str(e)) from None
@@ -113,13 +118,16 @@ def noise_floor(humans: np.ndarray, n: int, rng: np.random.Generator) -> dict[st
 
 
 def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rank correlation (ties get their average rank); NaN when either side is constant."""
+    """Spearman's rank correlation (ties get their average rank); NaN when either side is constant (or has
+    fewer than 2 values)."""
     def ranks(x: np.ndarray) -> np.ndarray:
         order = np.argsort(x, kind="stable")
         ranked = np.empty(len(x))
         ranked[order] = np.arange(len(x))
         return np.array([ranked[x == v].mean() for v in x])
 
+    if len(a) < 2:
+        return float("nan")
     ra, rb = ranks(a), ranks(b)
     if ra.std() == 0 or rb.std() == 0:
         return float("nan")
@@ -127,6 +135,9 @@ def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def donation_stats(donations: np.ndarray, humans: np.ndarray) -> dict[str, float]:
+    """n, donation rate, mean and distances to the humans of readable donations (NaN when there are none)."""
+    if not len(donations):
+        return {"n": 0, **dict.fromkeys(("donation_rate", "mean_donation", "hist_l1", "ks"), float("nan"))}
     return {"n": len(donations), "donation_rate": float(np.mean(donations > 0)),
             "mean_donation": float(np.mean(donations)), **distances(donations, humans)}
 
@@ -167,15 +178,35 @@ def choose_personas(env: P4GEnv, config) -> list[Persona]:
     return [pool[i] for i in rng.choice(len(pool), config.dialogues, replace=False)]
 
 
-def play_arm(env: P4GEnv, personas: list[Persona], persuader: Player, sim_turn: SimTurn,
+def play_arm(env: P4GEnv, personas: list[Persona], persuader: Player, simulator: Speaker,
              config) -> list[Episode]:
     """One dialogue per persona, `config.batch` at a time; chunk c uses the same key in every arm."""
     episodes = [Episode(persona, group=i) for i, persona in enumerate(personas)]
+    speakers = {AGENT: ModelSpeaker(persuader), SIM: simulator}
     key = jax.random.key(config.seed)
     for c, start in enumerate(range(0, len(episodes), config.batch)):
-        rollout(env, episodes[start:start + config.batch], persuader, sim_turn, jax.random.fold_in(key, c))
+        rollout(env, episodes[start:start + config.batch], speakers, jax.random.fold_in(key, c))
         print(f"  {start + config.batch}/{len(episodes)} dialogues", flush=True)
     return episodes
+
+
+def arm_results(episodes: list[Episode], humans: np.ndarray, distinct_n: int) -> dict:
+    """An arm's statistics: those of its readable donations against the humans' (the unreadable ones left
+    out, their share reported), against each persona's own human, reply diversity, the closing question's
+    share, and the Verbalized Sampling records' summary (vs_*), if any."""
+    donations = np.array([e.rewards["donation"] for e in episodes])
+    read = ~np.isnan(donations)
+    own_humans = np.array([e.scenario.donation for e in episodes])
+    results = {**donation_stats(donations[read], humans), **reply_diversity(episodes, distinct_n),
+               "asked_closing": float(np.mean([any(m.text == CLOSING_QUESTION for m in e.messages)
+                                               for e in episodes])),
+               "unreadable": float(np.mean(~read)),
+               "persona_corr": rank_correlation(donations[read], own_humans[read]),
+               "histogram": histogram(donations[read]).tolist()}
+    records = [r for e in episodes for r in e.info.get("verbalized", [])]
+    if records:
+        results.update({f"vs_{k}": v for k, v in summarize(records).items()})
+    return results
 
 
 def run(config, run_dir: RunDir) -> None:
@@ -189,23 +220,15 @@ def run(config, run_dir: RunDir) -> None:
     arms, transcripts = {}, []
     for arm in config.arms:
         print(f"arm {arm}", flush=True)
-        sampler = VerbalizedSampler(verbalized_config(config))
-        sim_turn = (members_turn([simulator]) if arm == "direct" else
-                    verbalized_turn(simulator, sampler, config.verbalized.max_new_tokens))
+        sampler = VerbalizedSampler(verbalized_config(config.verbalized))
+        speaker = (ModelSpeaker(simulator) if arm == "direct" else
+                   VerbalizedSpeaker(simulator, sampler, config.verbalized.max_new_tokens))
         start = time.perf_counter()
-        episodes = play_arm(env, personas, persuader, sim_turn, config)
-        donations = np.array([e.rewards["donation"] for e in episodes])
-        arms[arm] = {**donation_stats(donations, humans), **reply_diversity(episodes, config.distinct_n),
-                     "asked_closing": float(np.mean([any(m.text == CLOSING_QUESTION for m in e.messages)
-                                                     for e in episodes])),
-                     "amount_read": float(np.mean([e.rewards["stated"] for e in episodes])),
-                     "persona_corr": rank_correlation(donations, np.array([p.donation for p in personas])),
+        episodes = play_arm(env, personas, persuader, speaker, config)
+        arms[arm] = {**arm_results(episodes, humans, config.distinct_n),
                      "seconds": time.perf_counter() - start}
-        if arm == "verbalized":
-            arms[arm].update({f"vs_{k}": v for k, v in sampler.metrics().items()})
         transcripts += [dict(transcript(env, e), arm=arm, human_donation=e.scenario.donation)
                         for e in episodes]
-        arms[arm]["histogram"] = histogram(donations).tolist()
     results["arms"] = arms
     results["humans"]["histogram"] = histogram(humans).tolist()
     run_dir.write_text("dialogues.jsonl", "".join(json.dumps(t) + "\n" for t in transcripts))
@@ -238,15 +261,16 @@ def summary(results: dict, config, transcripts: list[dict]) -> str:
         f"{config.dialogues} dialogues per arm, persuader `{config.persuader.model}`, simulator "
         f"`{config.simulator.model}`, personas from split `{config.split}`, at most {config.env.max_turns} "
         "turn(s) per role, then the closing question if no amount was stated; a dialogue without a readable "
-        "amount counts as $0.", "",
-        f"| | n | donation rate | mean $ | hist L1 | KS | persona corr. | asked at end | amount read "
+        "amount (none, or above $2) is left out of the donation statistics (n counts the readable ones) "
+        "and counted as unreadable.", "",
+        f"| | n | donation rate | mean $ | hist L1 | KS | persona corr. | asked at end | unreadable "
         f"| distinct-{n} | identical | VS parse failures | VS fallbacks | seconds |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rows = [("humans (all)", results["humans"]), ("humans (these personas)", results["humans_sampled"])]
     rows += list(results["arms"].items())
     columns = ("donation_rate", "mean_donation", "hist_l1", "ks", "persona_corr", "asked_closing",
-               "amount_read", f"distinct_{n}", "identical", "vs_parse_failure_rate", "vs_fallback_rate")
+               "unreadable", f"distinct_{n}", "identical", "vs_parse_failure_rate", "vs_fallback_rate")
     for name, r in rows:
         cells = [f"{r[key]:.3f}" if key in r else "" for key in columns]
         cells.append(f"{r['seconds']:.0f}" if "seconds" in r else "")
@@ -260,6 +284,11 @@ def summary(results: dict, config, transcripts: list[dict]) -> str:
     for arm in results["arms"]:
         example = next(t for t in transcripts if t["arm"] == arm)
         lines += [f"## Example dialogue ({arm}; persona {example['scenario']}, human donation "
-                  f"${example['human_donation']:.2f}, simulated ${example['rewards']['donation']:.2f})", ""]
+                  f"${example['human_donation']:.2f}, "
+                  f"simulated {_dollars(example['rewards']['donation'])})", ""]
         lines += [f"- **{m['role']}**: {m['text']}" for m in example["messages"]] + [""]
     return "\n".join(lines)
+
+
+def _dollars(amount: float) -> str:
+    return "unreadable" if np.isnan(amount) else f"${amount:.2f}"

@@ -1,4 +1,4 @@
-"""RL algorithm pieces as small pure functions: advantages, policy loss, KL, entropy, loss aggregation.
+"""RL algorithm pieces as small pure functions: advantages, policy loss, KL, loss aggregation.
 
 Per-token quantities are [B, L] float32 arrays; the loss mask is a float [B, L] array applied once, by an
 aggregation mode. Pieces a config chooses by name live in registries (`ADVANTAGES`, `KL_ESTIMATORS`,
@@ -12,8 +12,7 @@ from scope_jax.algorithms.aggregation import (
     seq_mean_token_sum_norm,
     token_mean,
 )
-from scope_jax.algorithms.entropy import entropy_bonus, token_entropy
-from scope_jax.algorithms.kl import KL_ESTIMATORS, k1, k2, k3, kl_penalized_rewards
+from scope_jax.algorithms.kl import KL_ESTIMATORS, k1, k2, k3
 from scope_jax.algorithms.policy_loss import clipped_policy_loss
 from scope_jax.algorithms.registry import Registry, register
 
@@ -24,16 +23,13 @@ __all__ = [
     "Registry",
     "clipped_policy_loss",
     "dr_grpo",
-    "entropy_bonus",
     "grpo",
     "k1",
     "k2",
     "k3",
-    "kl_penalized_rewards",
     "register",
     "rloo",
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
-    "token_entropy",
     "token_mean",
 ]

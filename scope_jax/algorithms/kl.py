@@ -1,4 +1,4 @@
-"""Per-token estimators of KL(pi_theta || pi_ref) to a frozen reference, as a loss term or a reward penalty.
+"""Per-token estimators of KL(pi_theta || pi_ref) to a frozen reference, for the loss's KL term.
 
 Direction: the *reverse* KL from the policy to the reference, estimated from tokens sampled from pi_theta
 (in practice the behaviour policy that generated the batch, close to pi_theta). With the per-token log-ratio
@@ -10,10 +10,10 @@ d = logp - logp_ref, where logp = log pi_theta(x_t) and logp_ref = log pi_ref(x_
 
 Every estimator is `fn(logp [B, L], logp_ref [B, L]) -> [B, L]` float32, registered in `KL_ESTIMATORS`.
 
-As a loss term, aggregate the per-token estimate with the loss mask and add beta times it; gradients then
-flow through logp. Which divergence that gradient follows differs from the value estimated: on-policy,
-E[grad k1] = 0, E[grad k2] = grad KL(pi_theta || pi_ref), and E[grad k3] = grad KL(pi_ref || pi_theta).
-As a reward penalty, see `kl_penalized_rewards`.
+As a loss term (`scope_jax.training.loss`), the per-token estimate is aggregated with the loss mask and
+beta times it is added; gradients then flow through logp. Which divergence that gradient follows differs
+from the value estimated: on-policy, E[grad k1] = 0, E[grad k2] = grad KL(pi_theta || pi_ref), and
+E[grad k3] = grad KL(pi_ref || pi_theta).
 """
 
 from __future__ import annotations
@@ -54,26 +54,3 @@ def k3(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
     """
     u = -_log_ratio(logp, logp_ref)
     return jnp.expm1(u) - u
-
-
-def kl_penalized_rewards(
-    rewards: jax.Array,
-    logp: jax.Array,
-    logp_ref: jax.Array,
-    mask: jax.Array,
-    beta: float,
-    estimator: str = "k1",
-) -> jax.Array:
-    """Sequence rewards minus a KL penalty: r_b - beta * stop_gradient(sum_t mask_bt * k(logp_bt, ref_bt)).
-
-    rewards [B]; logp, logp_ref, mask [B, L]; returns [B] float32. The penalty is part of the reward, which
-    the policy gradient treats as a constant: the stop-gradient makes the result carry no gradient to logp
-    even if it is computed from live log-probs, so the KL acts only through the advantages. Apply it
-    before computing advantages. k1 is the usual choice here (InstructGPT).
-    """
-    chex.assert_rank(rewards, 1)
-    chex.assert_equal_shape([logp, mask])
-    chex.assert_axis_dimension(logp, 0, rewards.shape[0])
-    kl = KL_ESTIMATORS[estimator](logp, logp_ref)
-    penalty = jax.lax.stop_gradient(jnp.sum(kl * mask.astype(jnp.float32), axis=-1))
-    return rewards.astype(jnp.float32) - beta * penalty

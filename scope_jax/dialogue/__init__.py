@@ -1,1 +1,1 @@
-"""The two-player episode: messages, each role's token view, the batched turn loop, training batches."""
+"""The two-player episode: messages, each role's token view, speakers and the batched turn loop."""

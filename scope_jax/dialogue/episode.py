@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scope_jax.dialogue.views import RoleView
 
 AGENT = "agent"
 SIM = "sim"
@@ -26,25 +29,26 @@ class Message:
     logprobs: tuple[float, ...] | None = None
     stopped: bool = False  # generation ended with a stop token (the last sampled id)
     visible_to: tuple[str, ...] = ROLES
-    prompt_ids: tuple[int, ...] | None = None  # the prompt the role saw when it generated this message
 
 
 @dataclasses.dataclass
 class Episode:
-    """One dialogue: its scenario, messages so far, whether it ended, and its rewards.
+    """One dialogue: its scenario, messages so far, who speaks next, whether it ended, and its rewards.
 
-    `sim_index` is the population member that plays the simulator; `group` ties the rollouts of one
-    scenario together for group-relative advantages.
+    `sim_index` is the simulator (population member or listed model) that plays the simulator; `group`
+    ties the rollouts of one scenario together for group-relative advantages. `views` holds the token
+    view of each role a model speaks (`scope_jax.dialogue.views.RoleView`), grown turn by turn: what the
+    role trains on. `turns_taken` counts each role's turns (the environment's messages not included).
     """
 
     scenario: Any
     group: int
     sim_index: int = 0
     messages: list[Message] = dataclasses.field(default_factory=list)
+    next_speaker: str = ""
     done: bool = False
     end_reason: str = ""
     rewards: dict[str, float] = dataclasses.field(default_factory=dict)
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def turns(self, role: str) -> int:
-        return sum(m.role == role for m in self.messages)
+    views: dict[str, RoleView] = dataclasses.field(default_factory=dict)
+    turns_taken: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -1,17 +1,22 @@
-"""Each role's token view of a dialogue.
+"""Each role's token view of a dialogue, grown turn by turn.
 
 A role sees the dialogue through its own tokenizer and chat template: its system prompt, its own
 messages as "assistant" turns and everything else it may see as "user" turns (so the simulator sees the
-roles flipped). The view is built piece by piece: the template's own text between message contents
-is tokenised on its own, the other side's text is tokenised as text, and the role's own messages are
-the exact ids it sampled. Nothing a model generated is ever re-tokenised.
+roles flipped). The view is built piece by piece: the template's own text between message contents is
+tokenised on its own, the other side's text is tokenised as text, and the role's own sampled messages
+are the exact ids it sampled. Nothing a model generated is ever re-tokenised.
 
-The view grows turn by turn, as the role saw it: the template text up to each of its own messages comes
-from the template rendered at that point with a generation prompt (the prompt it sampled from), and only
-what follows its last message from the current rendering. So every prompt is a prefix of the later
-views by construction (checked again when the batch is built), also with templates that render earlier
-turns differently once later turns exist: Qwen3's drops the (empty) think block of the generation prompt
-from past assistant turns, which a single rendering of the whole dialogue would silently rewrite.
+A `RoleView` only ever grows. Before each of the role's turns it is extended by the tokens that make it
+that turn's prompt (`next_prompt`: the template text and messages since the role's last reply, and the
+generation prompt, all from the template rendered now), and after the turn by the reply's sampled ids.
+So every prompt the role sampled from is a prefix of its final view by construction, also with templates
+that render earlier turns differently once later turns exist (Qwen3's drops the empty think block of
+the generation prompt from past assistant turns, which one rendering of the finished dialogue would
+silently rewrite). The final view is what the role trains on; it ends with the role's last reply.
+
+The view assumes that what the role has seen stays as it was. `next_prompt` checks that the role's
+chat still begins with the entries the view holds and raises `ViewError` otherwise (an environment
+rewrote, removed or hid an earlier message).
 """
 
 from __future__ import annotations
@@ -24,73 +29,114 @@ from scope_jax.dialogue.episode import Message
 from scope_jax.models.tokenizer import template_pieces
 
 
+class ViewError(RuntimeError):
+    """The dialogue a role already saw changed under its view."""
+
+
 @dataclasses.dataclass(frozen=True)
-class RoleView:
-    """ids [T]; loss_mask [T] (1 on tokens this role sampled); logprobs [T] (behaviour, 0 elsewhere)."""
+class Segment:
+    """Tokens to append to a view: ids, loss mask (1 on the role's own sampled tokens), behaviour
+    log-probs (0 elsewhere), and the role's chat they bring the view up to."""
 
     ids: tuple[int, ...]
     loss_mask: tuple[float, ...]
     logprobs: tuple[float, ...]
+    chat: tuple[tuple[str, str], ...]
 
 
-def chat_messages(system_prompt: str, messages: list[Message], me: str) -> list[dict[str, str]]:
-    """The chat `me` sees: its system prompt, own turns as assistant, visible others as user."""
-    chat = [{"role": "system", "content": system_prompt}]
-    chat += [{"role": "assistant" if m.role == me else "user", "content": m.text}
-             for m in messages if me in m.visible_to]
-    return chat
+def chat_entries(system_prompt: str, messages: list[Message], me: str) -> list[tuple[str, Message | str]]:
+    """The chat `me` sees, as (template role, content): its system prompt, own turns as assistant,
+    visible others as user. A content is the Message itself, or the system prompt's text."""
+    return [("system", system_prompt)] + [("assistant" if m.role == me else "user", m)
+                                          for m in messages if me in m.visible_to]
 
 
-def role_view(tokenizer: PreTrainedTokenizerBase, system_prompt: str, messages: list[Message], me: str, *,
-              add_generation_prompt: bool) -> RoleView:
-    """The token view of `me` ("agent" or "sim"); with `add_generation_prompt` it is the prompt of me's
-    next turn."""
-    chat = chat_messages(system_prompt, messages, me)
-    shown = [m for m in messages if me in m.visible_to]
-    contents: list[Message | str] = [system_prompt, *shown]  # chat[i]'s content, a Message for turns
-    encode = lambda text: list(tokenizer(text, add_special_tokens=False).input_ids) if text else []
-    ids, mask, logprobs = [], [], []
-    pending_stop: tuple[int, float] | None = None  # the previous own message's sampled stop token
+def _text(content: Message | str) -> str:
+    return content.text if isinstance(content, Message) else content
 
-    def extend(new_ids: list[int], new_logprobs: list[float] | None = None) -> None:
-        ids.extend(new_ids)
-        mask.extend([float(new_logprobs is not None)] * len(new_ids))
-        logprobs.extend(new_logprobs if new_logprobs is not None else [0.0] * len(new_ids))
 
-    def add_template(text: str) -> None:
-        nonlocal pending_stop
-        template = encode(text)
-        if pending_stop is not None:
-            # The model ended its turn with this token, so it is the model's own whether or not the
-            # template writes the same end-of-turn token; a template copy right after is not repeated.
-            extend([pending_stop[0]], [pending_stop[1]])
-            if template[:1] == [pending_stop[0]]:
-                template = template[1:]
-            pending_stop = None
-        extend(template)
+@dataclasses.dataclass
+class RoleView:
+    """One role's token view of one episode: ids, loss_mask (1 on tokens the role sampled) and logprobs
+    (the sampler's behaviour log-probs, 0 elsewhere), each [T] and growing.
 
-    def add_content(content: Message | str) -> None:
-        nonlocal pending_stop
-        if isinstance(content, Message) and content.role == me and content.sampled_ids is not None:
-            sampled, lps = list(content.sampled_ids), list(content.logprobs)
-            end = len(sampled) - 1 if content.stopped else len(sampled)
-            extend(sampled[:end], lps[:end])
-            pending_stop = (sampled[-1], lps[-1]) if content.stopped else None
-        else:
-            extend(encode(content.text if isinstance(content, Message) else content))
+    prompt_lengths: len(ids) at each prompt the role generated from, in order; the tokens appended since
+    the last of them (its reply, then the next prompt's tail) are what the role has not processed yet.
+    """
 
-    # Segments end at each own message (rendered up to it, with the generation prompt it was sampled
-    # after) and at the end of the chat (rendered as asked).
-    ends = [i for i, content in enumerate(contents) if isinstance(content, Message) and content.role == me]
-    start = 0  # the first chat message whose template text is not in the view yet
-    for end in ends + [len(chat)]:
-        pieces = template_pieces(tokenizer, chat[:end],
-                                 add_generation_prompt=end < len(chat) or add_generation_prompt)
-        for i in range(start, end):
-            add_template(pieces[i])
-            add_content(contents[i])
-        add_template(pieces[end])
-        if end < len(chat):
-            add_content(contents[end])
-        start = end + 1
-    return RoleView(tuple(ids), tuple(mask), tuple(logprobs))
+    ids: list[int] = dataclasses.field(default_factory=list)
+    loss_mask: list[float] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    prompt_lengths: list[int] = dataclasses.field(default_factory=list)
+    chat: tuple[tuple[str, str], ...] = ()  # the (template role, text) entries the view holds
+    stop_token: int | None = None  # the view ends with the role's own stop token (not written twice)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def next_prompt(self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, messages: list[Message],
+                    me: str) -> Segment:
+        """The tokens that make this view the prompt of `me`'s next turn; the view itself is unchanged."""
+        entries = chat_entries(system_prompt, messages, me)
+        chat = tuple((role, _text(content)) for role, content in entries)
+        if chat[:len(self.chat)] != self.chat:
+            raise ViewError(f"the dialogue the {me} already saw changed (an earlier message was rewritten, "
+                            "removed or hidden), so its token view no longer holds")
+        pieces = template_pieces(tokenizer, [{"role": r, "content": t} for r, t in chat],
+                                 add_generation_prompt=True)
+        encode = lambda text: list(tokenizer(text, add_special_tokens=False).input_ids) if text else []
+        ids, mask, logprobs = [], [], []
+        stop = self.stop_token
+
+        def extend(new_ids, new_logprobs=None) -> None:
+            ids.extend(new_ids)
+            mask.extend([float(new_logprobs is not None)] * len(new_ids))
+            logprobs.extend(new_logprobs if new_logprobs is not None else [0.0] * len(new_ids))
+
+        for i in range(len(self.chat), len(chat) + 1):
+            template = encode(pieces[i])
+            if stop is not None and template[:1] == [stop]:
+                template = template[1:]  # the model's own stop token ended its turn already
+            extend(template)
+            stop = None
+            if i < len(chat):
+                content = entries[i][1]
+                if isinstance(content, Message) and content.role == me and content.sampled_ids is not None:
+                    sampled, stop = _own(content)
+                    extend(*sampled)
+                else:
+                    extend(encode(chat[i][1]))
+        return Segment(tuple(ids), tuple(mask), tuple(logprobs), chat)
+
+    def add_prompt(self, segment: Segment) -> None:
+        """Append a `next_prompt` segment: the view is now the prompt the role generates from."""
+        self._extend(segment.ids, segment.loss_mask, segment.logprobs)
+        self.chat, self.stop_token = segment.chat, None
+        self.prompt_lengths.append(len(self.ids))
+
+    def add_reply(self, message: Message) -> None:
+        """Append the role's reply to the prompt just added: its sampled ids, trained, with their
+        log-probs."""
+        if message.sampled_ids is None:
+            raise ValueError("a view grows by sampled replies only (a text reply is part of the next prompt)")
+        (ids, logprobs), self.stop_token = _own(message)
+        self._extend(ids, [1.0] * len(ids), logprobs)
+        self.chat += (("assistant", message.text),)
+
+    def _extend(self, ids, mask, logprobs) -> None:
+        self.ids.extend(ids)
+        self.loss_mask.extend(mask)
+        self.logprobs.extend(logprobs)
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, system_prompt: str, messages: list[Message],
+               me: str) -> tuple[int, ...]:
+    """The prompt of `me`'s next turn rendered afresh (for prompts that no view keeps: probes, a system
+    prompt other than the role's own)."""
+    return RoleView().next_prompt(tokenizer, system_prompt, messages, me).ids
+
+
+def _own(message: Message) -> tuple[tuple[list[int], list[float]], int | None]:
+    """(ids, log-probs) of a sampled own message, stop token included, and that stop token (or None)."""
+    return (list(message.sampled_ids), list(message.logprobs)), (message.sampled_ids[-1] if message.stopped
+                                                                 else None)

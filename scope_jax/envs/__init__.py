@@ -4,10 +4,12 @@
 """
 
 from scope_jax.envs.base import Environment, TurnResult
+from scope_jax.envs.cooperbench import CooperBenchEnv
 from scope_jax.envs.p4g import P4GEnv
 from scope_jax.envs.target_word import TargetWordEnv
+from scope_jax.envs.tau2 import Tau2Env
 
-ENVIRONMENTS = {"target_word": TargetWordEnv, "p4g": P4GEnv}
+ENVIRONMENTS = {"target_word": TargetWordEnv, "p4g": P4GEnv, "tau2": Tau2Env, "cooperbench": CooperBenchEnv}
 
 
 def make(name: str, **settings) -> Environment:

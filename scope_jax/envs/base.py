@@ -9,7 +9,7 @@ training are the dialogue loop's business.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
@@ -18,16 +18,18 @@ from scope_jax.dialogue.episode import Episode, Message
 
 @dataclasses.dataclass
 class TurnResult:
-    """After a turn: messages to append (tool results, notices) and whether the episode ends."""
+    """After a turn: messages to append (tool results, notices), whether the episode ends, and who speaks
+    next (None: the other role; e.g. "agent" to let the agent act again after a tool result)."""
 
     messages: list[Message] = dataclasses.field(default_factory=list)
     done: bool = False
     reason: str = ""
+    next_speaker: str | None = None
 
 
 class Environment(Protocol):
     first_speaker: str  # "agent" or "sim"
-    max_turns: int  # turns per role
+    max_turns: int | Mapping[str, int]  # turns per role: one cap for both, or {"agent": n, "sim": m}
 
     def sample_scenarios(self, n: int, rng: np.random.Generator, split: str = "train") -> list[Any]:
         """n scenarios (personas, tasks) of a data split."""

@@ -6,11 +6,13 @@ participant of the P4G study (`FullData/full_info.csv`: Big-Five, moral foundati
 decision style, demographics; Wang et al., ACL 2019) and is told to treat the money as its own.
 
 Each role speaks up to `max_turns` times, the persuader first (cued by a note that its partner joined).
-The donation is what the persuadee states in its own turns (`extract_donation`: a donation verb with an
-amount in dollars or cents, capped at $2, the last statement wins); if none was stated by the end, one
-closing question asks for the amount and the persuadee answers it in one extra turn (`closing`).
-Reward: donation / 2 for both roles (the simulator's "shared" reward; co-training's adversarial
-objective negates the agent's), and `success` = donation > 0 for evaluation.
+The donation is what the persuadee states in its own turns (`scope_jax.envs.p4g_donations`: a donation
+verb with an amount, the last statement wins); if no readable amount was stated by the end, one closing
+question asks for it and the persuadee answers in one extra turn (`closing`). A dialogue whose donation
+still cannot be read (no amount, or one above $2) is *unreadable*, its own outcome, not $0.
+Reward: donation / 2 for both roles (the simulator's "cooperative" reward; the adversarial objective
+negates the agent's), `unreadable_reward` for an unreadable dialogue; outcomes: `donation` and `success`
+(donation > 0; both NaN when unreadable) and `unreadable` (0 or 1).
 
 Personas are the persuadee rows of the file; a seeded hash of the participant id puts
 `heldout_fraction` of the participants (all their rows) in the held-out split, which evaluation (split
@@ -22,14 +24,15 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
+import math
 import pathlib
-import re
 from typing import Any
 
 import numpy as np
 
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
 from scope_jax.envs.base import TurnResult
+from scope_jax.envs.p4g_donations import extract_answer, extract_donation, readable
 from scope_jax.envs.p4g_stats import MAX_DONATION
 
 DEFAULT_DATA_DIR = "../shared/data/p4g"
@@ -220,191 +223,11 @@ def _join(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-# --- donation extraction -------------------------------------------------------------------------------
-
-_SENTENCE = re.compile(r"[!?;\n]|\.(?!\d)")
-_CLAUSE = re.compile(r"(?<!\d),|,(?!\d{3})|\b(?:but|because|since|although|though|however|whereas|so|if|"
-                     r"unless|while|when|after|before)\b")
-_NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"
-_TOKEN = re.compile(rf"{_NUMBER}|[a-z]+(?:'[a-z]+)?|[$¢]")
-_VERB = re.compile(r"donat(?:e|es|ed|ing|ion|ions)|giv(?:e|es|ing|en)|gave|contribut(?:e|es|ed|ing|ion)|"
-                   r"pledg(?:e|es|ed|ing)|offer(?:s|ed|ing)?|spare|spared|sparing")
-_VERB_PHRASES = (("chip", "in"), ("chipping", "in"), ("count", "me", "in", "for"),
-                 ("put", "me", "down", "for"), ("make", "it"))
-_NEGATION = {"not", "no", "never", "cannot", "unable", "refuse", "nor", "neither"}
-# "don't mind giving", "can't wait to donate", "wouldn't hesitate", "not only", "no problem"
-_NOT_NEGATING = {"mind", "hesitate", "wait", "only", "problem"}
-_OTHERS = set("you you'd you'll you're you've your they they'd they'll they're their he he'd he'll he's "
-              "his she she'd she'll she's people everyone someone others anyone somebody charity "
-              "organization organisation children kids friend friends family husband wife".split())
-_SELF = {"i", "i'll", "i'd", "i'm", "i've", "we", "we'll", "we'd", "me", "my", "let's"}
-_PAST = {"yesterday", "ago", "previously"}
-_PAST_AFTER_LAST = {"week", "month", "year", "time", "night", "christmas"}
-_DETERMINERS = {"my", "the", "your", "this", "that", "our"}
-# "all of my $2", "a donation of $2": still the donation
-_DONATION_OF = {"all", "amount", "total", "sum", "entire", "entirety", "full", "donation", "contribution",
-                "gift", "pledge", "offer"}
-_FILLER = set("maybe about around roughly just only probably perhaps ok okay sure um uh well hmm i i'd "
-              "i'll think guess say the amount is will be yes exactly approximately like my answer it it's "
-              "that that's would go with for please thanks thank you total".split())
-_DOLLARS = {"dollar", "dollars", "buck", "bucks", "usd", "$"}
-_CENTS = {"cent", "cents", "c", "¢"}
-_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-         "sixteen seventeen eighteen nineteen").split()
-_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80,
-         "ninety": 90}
-_WORD_NUMBERS = {**{w: i for i, w in enumerate(_ONES)}, **_TENS}
-_ZERO = {"nothing", "none"}
-WINDOW = 6  # an amount counts for a donation verb when it starts within this many words after it
-
-
-def extract_donation(text: str) -> float | None:
-    """The donation `text` states, in dollars (capped at $2), or None if it states none.
-
-    A statement is a donation word (donate, give, contribute, pledge, offer, spare, chip in, make it, ...)
-    followed within a few words of the same clause by an amount: "$1.50", "$.50", "1 dollar", "50 cents",
-    "50c", "a dollar", "fifty cents", "a dollar fifty", "1 dollar and 50 cents", "nothing". Amounts that
-    are not the donation are skipped: negated statements ("I won't give $1"), someone else's ("would you
-    give $1?"), stories ("I gave $5 last week"), and amounts after "of / from / than / out"
-    ("half of my $2", "more than $1"). The last statement in the text wins.
-    """
-    found = None
-    for sentence in _SENTENCE.split(text.lower().replace("\u2019", "'")):
-        if _is_story(_TOKEN.findall(sentence)):
-            continue
-        for clause in _CLAUSE.split(sentence):
-            value = _clause_donation(_TOKEN.findall(clause))
-            if value is not None:
-                found = value
-    return None if found is None else min(found, MAX_DONATION)
-
-
-def extract_answer(text: str) -> float | None:
-    """The donation stated in an answer to the closing question: as `extract_donation`, or else the last
-    clause that is a bare amount with nothing around it but filler ("$1", "Maybe 50 cents.", "I'd say one
-    dollar", "$0.25 is the amount")."""
-    stated = extract_donation(text)
-    if stated is not None:
-        return stated
-    found = None
-    for sentence in _SENTENCE.split(text.lower().replace("\u2019", "'")):
-        for clause in _CLAUSE.split(sentence):
-            words = _TOKEN.findall(clause)
-            for start in range(len(words)):
-                amount = _amount(words, start)
-                if amount is not None and set(words[:start] + words[start + amount[1]:]) <= _FILLER:
-                    found = amount[0]
-    return None if found is None else min(found, MAX_DONATION)
-
-
-def _is_story(words: list[str]) -> bool:
-    """Whether a sentence tells of the past ("yesterday", "last year", "used to"): not this donation."""
-    pairs = set(zip(words, words[1:]))
-    return bool(_PAST & set(words)) or ("used", "to") in pairs or any(
-        first == "last" and second in _PAST_AFTER_LAST for first, second in pairs)
-
-
-def _clause_donation(words: list[str]) -> float | None:
-    """The last donation stated in one clause's words."""
-    found = None
-    for i in range(len(words)):
-        length = _verb_length(words, i)
-        if not length or _negated(words[:i]) or _by_someone_else(words[:i]):
-            continue
-        after = i + length
-        for start in range(after, min(after + WINDOW, len(words))):
-            amount = _amount(words, start)
-            if amount is not None:
-                if not _of_something_else(words[i:start]):
-                    found = amount[0]
-                break
-    return found
-
-
-def _verb_length(words: list[str], i: int) -> int:
-    """Words in the donation verb (phrase) starting at words[i]; 0 if none starts there."""
-    for phrase in _VERB_PHRASES:
-        if tuple(words[i:i + len(phrase)]) == phrase:
-            return len(phrase)
-    return int(bool(_VERB.fullmatch(words[i])))
-
-
-def _negated(before: list[str]) -> bool:
-    """Whether the words before a verb (in its clause) negate it."""
-    for j, word in enumerate(before):
-        negation = word in _NEGATION or word.endswith("n't")
-        if negation and (j + 1 == len(before) or before[j + 1] not in _NOT_NEGATING):
-            return True
-    return False
-
-
-def _by_someone_else(before: list[str]) -> bool:
-    """Whether the verb's nearest subject before it is another person ("you", "they", the charity...)."""
-    subjects = [w for w in before if w in _OTHERS or w in _SELF]
-    return bool(subjects) and subjects[-1] in _OTHERS
-
-
-def _of_something_else(lead: list[str]) -> bool:
-    """Whether the words from a verb up to an amount make the amount something else than the donation: it
-    follows "from", "than", "out" or "of" ("half of my $2"; but "all of my $2", "a donation of $2" are it)."""
-    words = [w for w in lead if w not in _DETERMINERS]
-    if words[-1] not in ("of", "from", "than", "out"):
-        return False
-    return not (words[-1] == "of" and len(words) > 1 and words[-2] in _DONATION_OF)
-
-
-def _amount(words: list[str], i: int) -> tuple[float, int] | None:
-    """(dollars, words used) of the amount starting at words[i], or None."""
-    if words[i] in _ZERO:
-        return 0.0, 1
-    if words[i] == "$":
-        number = _number_at(words, i + 1)
-        return None if number is None else _add_cents(words, i + 1 + number[1], number[0], 1 + number[1])
-    if words[i:i + 3] == ["half", "a", "dollar"]:
-        return 0.5, 3
-    number = _number_at(words, i, article=True)
-    unit = words[i + number[1]] if number is not None and i + number[1] < len(words) else None
-    if unit in _DOLLARS:
-        return _add_cents(words, i + number[1] + 1, number[0], number[1] + 1)
-    if unit in _CENTS:
-        return number[0] / 100, number[1] + 1
-    return None
-
-
-def _add_cents(words: list[str], i: int, dollars: float, used: int) -> tuple[float, int]:
-    """Dollars, plus the cents of a following "and 50 cents" or bare "fifty" ("a dollar fifty")."""
-    if words[i:i + 1] == ["and"]:
-        cents = _number_at(words, i + 1)
-        if cents is not None and words[i + 1 + cents[1]:i + 2 + cents[1]] in (["cents"], ["cent"]):
-            return dollars + cents[0] / 100, used + cents[1] + 2
-    if i < len(words) and words[i] in _WORD_NUMBERS:
-        cents = _number_at(words, i)
-        if i + cents[1] == len(words) or words[i + cents[1]] not in _DOLLARS | _CENTS:
-            return dollars + cents[0] / 100, used + cents[1]
-    return dollars, used
-
-
-def _number_at(words: list[str], i: int, article: bool = False) -> tuple[float, int] | None:
-    """(value, words used) of a number at words[i]: digits, or number words up to 99 ("twenty five");
-    with `article`, "a" / "an" before "dollar" / "buck" read as one."""
-    if i >= len(words):
-        return None
-    word = words[i]
-    if re.fullmatch(_NUMBER, word):
-        return float(word.replace(",", "")), 1
-    if article and word in ("a", "an") and words[i + 1:i + 2] in (["dollar"], ["buck"]):
-        return 1.0, 1
-    if word in _TENS and i + 1 < len(words) and words[i + 1] in _ONES[1:10]:
-        return float(_TENS[word] + _ONES.index(words[i + 1])), 2
-    if word in _WORD_NUMBERS:
-        return float(_WORD_NUMBERS[word]), 1
-    return None
-
-
 # --- the environment -----------------------------------------------------------------------------------
 
 def stated_donation(episode: Episode) -> float | None:
-    """The persuadee's last stated donation in `episode` (the closing answer included), or None."""
+    """The persuadee's last stated donation in `episode` (the closing answer included): dollars, UNREADABLE,
+    or None when it stated none."""
     found, answering = None, False
     for message in episode.messages:
         if message.role == ENV:
@@ -419,12 +242,14 @@ def stated_donation(episode: Episode) -> float | None:
 @dataclasses.dataclass
 class P4GEnv:
     """data_dir: the P4G folder (holding FullData/full_info.csv); max_turns: turns per role;
-    heldout_fraction / split_seed: which participants are held out (split "eval")."""
+    heldout_fraction / split_seed: which participants are held out (split "eval"); unreadable_reward: both
+    roles' reward for a dialogue whose donation cannot be read."""
 
     data_dir: str = DEFAULT_DATA_DIR
     max_turns: int = 10
     heldout_fraction: float = 0.2
     split_seed: int = 0
+    unreadable_reward: float = 0.0
     first_speaker: str = AGENT
 
     def __post_init__(self) -> None:
@@ -453,13 +278,15 @@ class P4GEnv:
         return TurnResult()
 
     def closing(self, episode: Episode) -> list[Message]:
-        """The closing question, to the persuadee only, when it has not stated a donation."""
-        if stated_donation(episode) is not None:
+        """The closing question, to the persuadee only, when it has not stated a readable donation."""
+        if readable(stated_donation(episode)):
             return []
         return [Message(ENV, CLOSING_QUESTION, visible_to=(SIM,))]
 
     def rewards(self, episode: Episode) -> dict[str, float]:
-        stated = stated_donation(episode)
-        donation = stated or 0.0
+        donation = stated_donation(episode)
+        if not readable(donation):
+            return {"agent": self.unreadable_reward, "sim": self.unreadable_reward, "donation": math.nan,
+                    "success": math.nan, "unreadable": 1.0}
         return {"agent": donation / MAX_DONATION, "sim": donation / MAX_DONATION, "donation": donation,
-                "success": float(donation > 0), "stated": float(stated is not None)}
+                "success": float(donation > 0), "unreadable": 0.0}

@@ -46,6 +46,6 @@ class TargetWordEnv:
         return TurnResult()
 
     def rewards(self, episode: Episode) -> dict[str, float]:
-        turns = [m.text.split() for m in episode.messages if m.role == AGENT and m.sampled_ids is not None]
+        turns = [m.text.split() for m in episode.messages if m.role == AGENT]
         hit = float(np.mean([episode.scenario in words for words in turns])) if turns else 0.0
         return {"agent": hit, "sim": hit}

@@ -1,9 +1,7 @@
-"""Tokenizer access: load a local tokenizer; thinking off by default; a chat template's own text; exact token
-spans of messages."""
+"""Tokenizer access: load a local tokenizer; thinking off by default; a chat template's own text."""
 
 from __future__ import annotations
 
-import bisect
 import weakref
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -37,61 +35,6 @@ def without_thinking(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerB
     if isinstance(template, str) and "enable_thinking" in template and not template.startswith(THINKING_OFF):
         tokenizer.chat_template = THINKING_OFF + template
     return tokenizer
-
-
-def chat_token_spans(tokenizer: PreTrainedTokenizerBase, messages: list[dict], *,
-                     add_generation_prompt: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
-    """Token ids of a chat rendered by the tokenizer's chat template, and each message's content span.
-
-    Guarantee: `ids` are exactly `tokenizer(text, add_special_tokens=False).input_ids` for the rendered
-    `text` (what `apply_chat_template(tokenize=True)` returns), and for message i, `ids[s:e]` with
-    `(s, e) = spans[i]` are exactly the tokens of its content: `tokenizer.decode(ids[s:e]) ==
-    messages[i]["content"]`, no token crosses a content boundary, and every token outside the spans
-    comes from the template alone. When that cannot hold, a ValueError says why instead.
-
-    How: `template_pieces` gives the template's own text between contents without searching for the
-    content (a content such as "user" also occurs in the template). The real rendering must be exactly
-    those pieces with the contents inserted verbatim; the character spans are then mapped to tokens
-    via the offsets.
-
-    Raises:
-      ValueError: the template does not insert a content verbatim (it strips or rewrites it), a
-        message has no string content, or a content boundary falls inside a token (template and
-        content merge into one token: SmolLM2's "user\\n" before a content "  x" gives a "\\n " token).
-    """
-    contents = [message.get("content") for message in messages]
-    if not all(isinstance(content, str) for content in contents):
-        raise ValueError("chat_token_spans needs a string 'content' in every message")
-    text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                         add_generation_prompt=add_generation_prompt)
-    pieces = template_pieces(tokenizer, messages, add_generation_prompt=add_generation_prompt)
-    char_spans, rebuilt = [], pieces[0]
-    for content, template_after in zip(contents, pieces[1:]):
-        char_spans.append((len(rebuilt), len(rebuilt) + len(content)))
-        rebuilt += content + template_after
-    if rebuilt != text:
-        raise ValueError("the chat template does not insert message contents verbatim (does it strip or "
-                         "rewrite them?); pass contents exactly as the template renders them")
-
-    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = list(encoding["input_ids"]), encoding["offset_mapping"]
-    starts = [start for start, _ in offsets]
-    spans = [(_token_boundary(starts, offsets, start), _token_boundary(starts, offsets, end))
-             for start, end in char_spans]
-    for (s, e), content in zip(spans, contents):
-        if tokenizer.decode(ids[s:e], clean_up_tokenization_spaces=False) != content:
-            raise ValueError(f"content {content[:40]!r} does not start and end on token boundaries")
-    return ids, spans
-
-
-def _token_boundary(starts: list[int], offsets: list[tuple[int, int]], char: int) -> int:
-    """Index of the first token starting at or after `char`; ValueError if a token spans `char`."""
-    index = bisect.bisect_left(starts, char)
-    if index and offsets[index - 1][1] > char:
-        start, end = offsets[index - 1]
-        raise ValueError(f"a content boundary at character {char} falls inside token {index - 1} "
-                         f"(characters {start}..{end}); its token span would not be exact")
-    return index
 
 
 # tokenizer -> {(template, add_generation_prompt, what each message shows besides its content): pieces}

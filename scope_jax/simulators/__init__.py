@@ -1,1 +1,1 @@
-"""How the user side answers: frozen, verbalized, trainable, population, rotation, self-play."""
+"""The simulator side: what each simulator mode means (modes.py) and Verbalized Sampling."""

@@ -1,11 +1,12 @@
-"""Verbalized Sampling, text side: prompt, tolerant parser, sampling with an explicit key, per-turn driver.
+"""Verbalized Sampling, text side: prompt, tolerant parser, sampling with an explicit key, turn records.
 
 At a simulator turn the simulator is asked for k candidate replies, each with a stated probability
 (`build_prompt`). Its answer is parsed and repaired into a `VerbalizedDistribution` (`parse`), one
 candidate is drawn with an explicit PRNG key (`sample`), and that candidate's text is the simulator's
 reply. `VerbalizedSampler` runs one turn end to end: it retries generation when the answer cannot be
-parsed, falls back to ordinary (direct) generation after `max_retries` retries, and counts and logs
-every failure and fallback; a parse failure never raises.
+parsed, falls back to ordinary (direct) generation after `max_retries` retries, and records every
+failure and fallback in the turn's `TurnRecord` (`summarize` aggregates them); a parse failure never
+raises. `scope_jax.simulators.verbalized_speaker` runs it as the simulator side of the dialogue loop.
 
 Candidates may be whole replies or reply *types* (set `candidate_noun`, e.g. "reply type"). The chosen
 text is then either the reply itself or a type that the caller uses to condition a second, ordinary
@@ -90,6 +91,12 @@ class VerbalizedConfig:
             raise ValueError(f"min_keep must be >= 1, got {self.min_keep}")
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+
+
+def verbalized_config(group: Any) -> VerbalizedConfig:
+    """A config group of VerbalizedConfig's fields plus `max_new_tokens` (the sampler's budget for a
+    verbalized answer, not a field of VerbalizedConfig) as a VerbalizedConfig; ValueError on a bad setting."""
+    return VerbalizedConfig(**{k: v for k, v in group.items() if k != "max_new_tokens"})
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -287,7 +294,7 @@ class TurnRecord:
             "entropy": self.entropy,
             "num_kept": self.num_kept,
             "attempts": self.attempts,
-            "parse_failure_rate": self.parse_failures / self.attempts,
+            "parse_failures": self.parse_failures,
             "fell_back": float(self.fell_back),
         }
 
@@ -297,7 +304,7 @@ Direct = Callable[[list[str], list[int]], Sequence[str]]
 
 
 class VerbalizedSampler:
-    """Runs verbalized turns for batches of simulator prompts and keeps running counters for logging.
+    """Runs verbalized turns for batches of simulator prompts.
 
     Each call gets the two generators of its turn. `generate(prompts, attempt, rows)` returns the
     simulator's verbalized answers to `prompts` (outputs of `build_prompt`) for the batch rows `rows`;
@@ -305,18 +312,12 @@ class VerbalizedSampler:
     still lack a parsable answer are asked again.
     `direct(instructions, rows)` is ordinary generation from the plain instructions, the fallback.
     Only parse failures are handled: an exception raised by `generate` or `direct` is the caller's bug
-    and propagates (the turns are then not counted), and a non-str output raises TypeError.
+    and propagates, and a non-str output raises TypeError. What happened at each turn is its
+    `TurnRecord`; `summarize` turns the records of many turns into rates and means.
     """
 
     def __init__(self, config: VerbalizedConfig):
         self.config = config
-        self.turns = 0
-        self.attempts = 0
-        self.parse_failures = 0
-        self.fallbacks = 0
-        self._sum_p_max = 0.0
-        self._sum_entropy = 0.0
-        self._sum_num_kept = 0
 
     def choose(self, instruction: str, key: jax.Array, generate: Generate,
                direct: Direct) -> tuple[str, TurnRecord]:
@@ -348,6 +349,9 @@ class VerbalizedSampler:
                              len(pending), attempt + 1)
         fallback = []
         if pending:
+            logger.warning("verbalized sampling: %d of %d answers could not be parsed in %d attempts; they "
+                           "fall back to direct sampling", len(pending), len(prompts),
+                           self.config.max_retries + 1)
             fallback = _checked_all(direct([instructions[r] for r in pending], pending), len(pending),
                                     "direct")
         replies = dict(zip(pending, fallback))
@@ -355,36 +359,31 @@ class VerbalizedSampler:
         results = []
         for row, (dist, key) in enumerate(zip(dists, keys)):
             failures = attempts[row] - (dist is not None)
-            self.turns += 1
-            self.attempts += attempts[row]
-            self.parse_failures += failures
             if dist is None:
-                self.fallbacks += 1
-                logger.warning("verbalized sampling: %d attempts could not be parsed, falling back to "
-                               "direct sampling (%d fallbacks in %d turns)", attempts[row], self.fallbacks,
-                               self.turns)
                 results.append((replies[row], TurnRecord(None, None, attempts[row], failures)))
-                continue
-            choice = sample(dist, key)
-            self._sum_p_max += dist.p_max
-            self._sum_entropy += dist.entropy
-            self._sum_num_kept += dist.num_kept
-            results.append((dist.texts[choice], TurnRecord(dist, choice, attempts[row], failures)))
+            else:
+                choice = sample(dist, key)
+                results.append((dist.texts[choice], TurnRecord(dist, choice, attempts[row], failures)))
         return results
 
-    def metrics(self) -> dict[str, float]:
-        """Running totals and rates since construction; means are over turns that did not fall back."""
-        verbalized = self.turns - self.fallbacks
-        return {
-            "turns": self.turns,
-            "parse_failures": self.parse_failures,
-            "fallbacks": self.fallbacks,
-            "parse_failure_rate": _ratio(self.parse_failures, self.attempts),
-            "fallback_rate": _ratio(self.fallbacks, self.turns),
-            "mean_p_max": _ratio(self._sum_p_max, verbalized),
-            "mean_entropy": _ratio(self._sum_entropy, verbalized),
-            "mean_num_kept": _ratio(self._sum_num_kept, verbalized),
-        }
+
+def summarize(records: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Totals and rates of many turns' `TurnRecord.metrics()`; means over the turns that did not fall back
+    (NaN when every turn fell back), and the stated deviation 1 - mean p_max."""
+    stated = [r for r in records if not r["fell_back"]]
+    mean = lambda key: float(np.mean([r[key] for r in stated])) if stated else math.nan
+    failures, attempts = sum(r["parse_failures"] for r in records), sum(r["attempts"] for r in records)
+    return {
+        "turns": len(records),
+        "parse_failures": failures,
+        "fallbacks": len(records) - len(stated),
+        "parse_failure_rate": _ratio(failures, attempts),
+        "fallback_rate": _ratio(len(records) - len(stated), len(records)),
+        "mean_p_max": mean("p_max"),
+        "deviation": 1.0 - mean("p_max"),
+        "mean_entropy": mean("entropy"),
+        "mean_num_kept": mean("num_kept"),
+    }
 
 
 def _checked_all(outputs: Sequence[object], expected: int, name: str) -> list[str]:

@@ -1,1 +1,2 @@
-"""Training: joint state, the pure train step, shardings, the host loop, checkpoints and run logging."""
+"""Training: run settings and checks, setup, the RL step and the loop around it, joint state, the pure train
+step, shardings, checkpoints and run logging."""

@@ -1,10 +1,17 @@
-"""What a train step consumes: for each role, token-exact sequences with masks and advantages."""
+"""What a train step consumes: for each role, token-exact sequences with masks and advantages, built from
+the roles' token views (`role_batch`)."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import chex
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import struct
+
+from scope_jax.dialogue.views import RoleView
 
 
 @struct.dataclass
@@ -39,3 +46,26 @@ class Batch:
 
     agent: RoleBatch
     sims: RoleBatch | None = None
+
+
+LENGTH_MULTIPLE = 64  # sequences are padded to a multiple of this, so batch shapes (and compiles) repeat
+
+
+def role_batch(views: Sequence[RoleView], advantages: np.ndarray, pad_id: int, members: int = 0) -> RoleBatch:
+    """The views [N] right-padded to the longest (rounded up to LENGTH_MULTIPLE) with their advantages [N];
+    with `members` P, reshaped to [P, N / P, L] (views ordered by member)."""
+    length = max(1, -(-max(len(v) for v in views) // LENGTH_MULTIPLE)) * LENGTH_MULTIPLE
+    tokens = np.full((len(views), length), pad_id, np.int32)
+    mask = np.zeros((len(views), length), np.float32)
+    logprobs = np.zeros((len(views), length), np.float32)
+    for row, view in enumerate(views):
+        n = len(view)
+        tokens[row, :n], mask[row, :n], logprobs[row, :n] = view.ids, view.loss_mask, view.logprobs
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), tokens.shape)
+    batch = RoleBatch(tokens=jnp.asarray(tokens), positions=jnp.asarray(positions),
+                      loss_mask=jnp.asarray(mask), old_logprobs=jnp.asarray(logprobs),
+                      advantages=jnp.asarray(advantages, jnp.float32))
+    if members:
+        batch = jax.tree.map(lambda x: x.reshape((members, -1) + x.shape[1:]), batch)
+    batch.check()
+    return batch

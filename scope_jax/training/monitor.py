@@ -1,8 +1,9 @@
 """The collapse monitor in the training loop: what the theory talks about, measured every step.
 
 Cheap, every step (`step_metrics`): fraction of zero-variance reward groups, within-group distinct-n
-and share of identical agent replies, each role's token entropy estimated from its sampled tokens
-(-mean log-prob), and the Verbalized Sampling records (p_max, so 1 - p_max is the stated deviation).
+and share of identical agent replies, and each role's token entropy estimated from its sampled tokens
+(-mean log-prob). (The Verbalized Sampling records, with the stated deviation 1 - p_max, are logged as
+verbalized/* by the step.)
 
 Costly, every `train.eval_every` steps (`Monitor.costly`):
   simulator deviation   on a fixed probe set of contexts (built once from the initial agent), the
@@ -26,8 +27,9 @@ import numpy as np
 
 from scope_jax import diagnostics
 from scope_jax.dialogue.episode import AGENT, SIM, Episode
-from scope_jax.dialogue.rollout import Player, play, rollout, sample_replies
-from scope_jax.dialogue.views import role_view
+from scope_jax.dialogue.rollout import Speakers, play, rollout
+from scope_jax.dialogue.speakers import ModelSpeaker, Player, sample_replies
+from scope_jax.dialogue.views import prompt_ids
 from scope_jax.envs.base import Environment
 
 
@@ -43,10 +45,6 @@ class MonitorConfig:
     forks: int = 4
     branches: int = 4
     distinct_n: int = 2
-
-
-def first_sim_turn(env: Environment) -> int:
-    return 0 if env.first_speaker == SIM else 1
 
 
 def agent_replies(episode: Episode) -> tuple[int, ...]:
@@ -73,14 +71,6 @@ def step_metrics(episodes: list[Episode], distinct_n: int = 2) -> dict[str, floa
         "monitor/agent_sampled_entropy": sampled_entropy(episodes, AGENT),
         "monitor/sim_sampled_entropy": sampled_entropy(episodes, SIM),
     }
-    records = [r for e in episodes for r in e.info.get("verbalized", [])]
-    if records:
-        stated = [r for r in records if not r["fell_back"]]
-        p_max = np.mean([r["p_max"] for r in stated]) if stated else float("nan")
-        metrics.update({"monitor/verbalized_deviation": 1.0 - p_max,
-                        "monitor/verbalized_entropy": np.mean([r["entropy"] for r in stated]) if stated
-                        else float("nan"),
-                        "monitor/verbalized_fallback_rate": np.mean([r["fell_back"] for r in records])})
     return metrics
 
 
@@ -93,17 +83,18 @@ class Monitor:
         self.probes = self._to_fork_point(
             [Episode(s, group=i)
              for i, s in enumerate(env.sample_scenarios(config.probe_contexts, rng, "eval"))],
-            initial_agent, jax.random.key(seed))
+            {AGENT: ModelSpeaker(initial_agent)}, jax.random.key(seed))
 
-    def _to_fork_point(self, episodes: list[Episode], agent: Player, key: jax.Array) -> list[Episode]:
+    def _to_fork_point(self, episodes: list[Episode], speakers: Speakers, key: jax.Array) -> list[Episode]:
         """Play new episodes up to (not including) their first simulator turn."""
-        return rollout(self.env, episodes, agent, sim_turn=None, key=key, last_turn=first_sim_turn(self.env))
+        return rollout(self.env, episodes, speakers, key, pause_before=SIM)
 
-    def costly(self, players, key: jax.Array) -> dict[str, float]:
+    def costly(self, speakers: Speakers, sim: Player, key: jax.Array) -> dict[str, float]:
+        """The estimates with the current `speakers` and the simulator model `sim` that the probes ask."""
         probe_key, fork_key, branch_key = jax.random.split(key, 3)
-        sim, k = players.probe_sim, self.config.probe_samples
-        prompts = [role_view(sim.tokenizer, self.env.system_prompt(e.scenario, SIM), e.messages, SIM,
-                             add_generation_prompt=True).ids for e in self.probes if not e.done]
+        k = self.config.probe_samples
+        prompts = [prompt_ids(sim.tokenizer, self.env.system_prompt(e.scenario, SIM), e.messages, SIM)
+                   for e in self.probes if not e.done]
         greedy = sample_replies(sim, prompts, probe_key, dataclasses.replace(sim.sampling, temperature=0.0))
         resampled = sample_replies(sim, [p for p in prompts for _ in range(k)],
                                    jax.random.fold_in(probe_key, 1))
@@ -115,11 +106,9 @@ class Monitor:
         cfg = self.config
         scenarios = self.env.sample_scenarios(cfg.fork_contexts, rng, "train")
         forks = self._to_fork_point([Episode(s, group=i) for i, s in enumerate(scenarios)
-                                     for _ in range(cfg.forks)],
-                                    players.agent, fork_key)
+                                     for _ in range(cfg.forks)], speakers, fork_key)
         branches = [copy.deepcopy(e) for e in forks for _ in range(cfg.branches)]
-        play(self.env, branches, players.agent, players.sim_turn, branch_key,
-             first_turn=first_sim_turn(self.env))
+        play(self.env, branches, speakers, branch_key)
         returns = np.asarray([e.rewards["agent"] for e in branches]).reshape(cfg.fork_contexts, cfg.forks,
                                                                              cfg.branches)
         splits = [diagnostics.branching_variance_split(r) for r in returns]

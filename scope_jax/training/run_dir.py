@@ -3,7 +3,8 @@
 A run directory is *finished* once `summary.md` exists. Opening a finished directory again is refused
 unless the caller asks to overwrite it, so a completed run's outputs are never lost by accident.
 An unfinished directory can be reopened (that is how a killed run resumes); `metrics.jsonl` is then
-appended to, after dropping records at or beyond the step the run resumes from.
+appended to, after dropping records at or beyond the step the run resumes from (the tensorboard events
+are rewritten from the records kept, so no step appears twice).
 
 In a multi-host job every process opens the same directory (orbax checkpoints need all of them), but
 only process 0 writes files; the others' writes are no-ops.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
+import time
 from typing import Any, Iterable, Iterator, Mapping, TypeVar
 
 import numpy as np
@@ -23,6 +25,7 @@ T = TypeVar("T")
 SUMMARY = "summary.md"
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
+TENSORBOARD = "tensorboard"
 
 
 class RunDirError(RuntimeError):
@@ -96,17 +99,24 @@ class RunDir:
         if self._tb is None:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.path / "tensorboard"))
+            # events files are named by the second they open in: a unique suffix keeps a writer reopened
+            # within the same second from replacing the last one's file
+            self._tb = SummaryWriter(str(self.path / TENSORBOARD), filename_suffix=f".{time.time_ns()}")
         return self._tb
 
     def truncate_metrics(self, from_step: int) -> None:
-        """Drop metric records with step >= from_step (a resumed run logs them again)."""
+        """Drop metric records with step >= from_step (a resumed run logs them again), from metrics.jsonl
+        and from the tensorboard events, which are rewritten from the records kept."""
         file = self.path / METRICS
         if not file.exists() or not self.primary:
             return
         kept = [line for line in file.read_text().splitlines()
                 if line.strip() and json.loads(line)["step"] < from_step]
         file.write_text("".join(line + "\n" for line in kept))
+        self.close()
+        shutil.rmtree(self.path / TENSORBOARD, ignore_errors=True)
+        for line in kept:
+            self._scalars(json.loads(line))
 
     def log(self, step: int, metrics: Mapping[str, Any], *, prefix: str = "") -> None:
         """Append one record to metrics.jsonl and write scalars to tensorboard."""
@@ -116,9 +126,12 @@ class RunDir:
         record = {"step": int(step), **{prefix + k: v for k, v in metrics.items()}}
         with open(self.path / METRICS, "a") as f:
             f.write(json.dumps(record) + "\n")
+        self._scalars(record)
+
+    def _scalars(self, record: Mapping[str, Any]) -> None:
         for key, value in record.items():
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.tensorboard.add_scalar(key, value, int(step))
+                self.tensorboard.add_scalar(key, value, int(record["step"]))
 
     def read_metrics(self) -> list[dict[str, Any]]:
         file = self.path / METRICS

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scope_jax.algorithms import KL_ESTIMATORS, kl_penalized_rewards
+from scope_jax.algorithms import KL_ESTIMATORS
 
 JITTED = {name: jax.jit(fn) for name, fn in KL_ESTIMATORS.items()}
 
@@ -74,35 +74,8 @@ def test_k2_is_biased():
     assert abs(np.sum(p * k2) - exact_kl) > 0.1
 
 
-def test_reward_penalty_by_hand():
-    rewards = jnp.array([1.0, 0.0])
-    logp = jnp.array([[-1.0, -2.0, -3.0], [-1.0, -1.0, -9.0]])
-    logp_ref = jnp.array([[-1.5, -1.0, -3.0], [-2.0, -1.0, 0.0]])
-    mask = jnp.array([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # the last token of row 1 is not the policy's
-    penalize = jax.jit(kl_penalized_rewards, static_argnames="estimator")
-    # k1 sums: row 0: 0.5 - 1 + 0 = -0.5; row 1: 1 + 0 (the -9 token is masked out)
-    np.testing.assert_allclose(penalize(rewards, logp, logp_ref, mask, 0.1), [1.0 + 0.05, 0.0 - 0.1],
-                               rtol=1e-6)
-    # k2 sums: row 0: 0.125 + 0.5 + 0 = 0.625; row 1: 0.5
-    np.testing.assert_allclose(penalize(rewards, logp, logp_ref, mask, 0.1, estimator="k2"),
-                               [1.0 - 0.0625, 0.0 - 0.05], rtol=1e-6)
-
-
-def test_reward_penalty_carries_no_gradient():
-    logp = jnp.array([[-1.0, -2.0]])
-
-    def total(logp_):
-        rewards = kl_penalized_rewards(jnp.ones(1), logp_, jnp.zeros((1, 2)), jnp.ones((1, 2)), 0.5, "k3")
-        return jnp.sum(rewards)
-
-    grad = jax.grad(total)(logp)
-    np.testing.assert_array_equal(grad, 0.0)
-
-
-def test_reward_penalty_rejects_unknown_estimator_and_bad_shapes():
+def test_unknown_estimator_and_bad_shapes_are_refused():
     with pytest.raises(KeyError, match="k4"):
-        kl_penalized_rewards(jnp.ones(1), LOGP, LOGP_REF, jnp.ones((1, 4)), 0.1, "k4")
-    with pytest.raises(AssertionError):
-        kl_penalized_rewards(jnp.ones(2), LOGP, LOGP_REF, jnp.ones((1, 4)), 0.1)
+        KL_ESTIMATORS["k4"]
     with pytest.raises(AssertionError):
         JITTED["k1"](LOGP, LOGP_REF[:, :3])

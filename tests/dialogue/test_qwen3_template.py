@@ -14,10 +14,10 @@ import jax
 import numpy as np
 import pytest
 
-from scope_jax.dialogue.batching import final_view
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
-from scope_jax.dialogue.rollout import Player, members_turn, rollout
-from scope_jax.dialogue.views import role_view
+from scope_jax.dialogue.rollout import rollout
+from scope_jax.dialogue.speakers import ModelSpeaker, Player
+from scope_jax.dialogue.views import RoleView, prompt_ids
 from scope_jax.envs.target_word import TargetWordEnv
 from scope_jax.models import init
 from scope_jax.models.tiny import word_tokenizer, tiny_config
@@ -49,8 +49,7 @@ def test_generation_prompt_opens_no_think_block_unless_asked():
     assert prompt[-4:] == ["<|im_start|>", "assistant", "<think>", "</think>"]  # closed: thinking is off
     asked = tok.apply_chat_template(chat, add_generation_prompt=True, enable_thinking=True)["input_ids"]
     assert tokens(tok, asked)[-2:] == ["<|im_start|>", "assistant"]
-    view = role_view(tok, "persuade", [Message(SIM, "hello")], AGENT, add_generation_prompt=True)
-    assert tokens(tok, view.ids) == prompt
+    assert tokens(tok, prompt_ids(tok, "persuade", [Message(SIM, "hello")], AGENT)) == prompt
 
     assert without_thinking(tok).chat_template == THINKING_OFF + QWEN3_TEMPLATE  # applied once
     assert without_thinking(word_tokenizer(WORDS)).chat_template == word_tokenizer(WORDS).chat_template
@@ -67,32 +66,29 @@ def test_every_prompt_is_a_prefix_of_the_later_views():
     tok = qwen3_tokenizer(WORDS)
     rng = np.random.default_rng(0)
     system = {AGENT: "persuade", SIM: "you are a person"}
+    views = {AGENT: RoleView(), SIM: RoleView()}
     messages: list[Message] = []
-    speakers = [AGENT, SIM] * 3 + [ENV, SIM]
-    for turn, role in enumerate(speakers):
+    prompts = {AGENT: [], SIM: []}
+    for turn, role in enumerate([AGENT, SIM] * 3 + [ENV, SIM]):
         if role == ENV:
             messages.append(Message(ENV, "how much", visible_to=(SIM,)))
             continue
-        prompt = role_view(tok, system[role], messages, role, add_generation_prompt=True).ids
+        views[role].add_prompt(views[role].next_prompt(tok, system[role], messages, role))
+        prompts[role].append(tuple(views[role].ids))
         sampled = _sample(tok, rng, stopped=turn != 3)
         messages.append(Message(role, " ".join(tok.convert_ids_to_tokens(sampled)), sampled_ids=sampled,
-                                logprobs=(-1.0,) * len(sampled), stopped=turn != 3, prompt_ids=prompt))
+                                logprobs=(-1.0,) * len(sampled), stopped=turn != 3))
+        views[role].add_reply(messages[-1])
 
-    env = TargetWordEnv()
-    env.system_prompt = lambda scenario, role: system[role]
-    episode = Episode("apple", group=0, messages=messages)
-    for role in (AGENT, SIM):
-        final = final_view(env, episode, role, tok)  # raises if a prompt is not a prefix
+    for role, view in views.items():
         own = [m for m in messages if m.role == role]
-        for earlier, later in zip(own, own[1:]):
-            assert later.prompt_ids[:len(earlier.prompt_ids)] == earlier.prompt_ids
-        for message in own:
-            n = len(message.prompt_ids)
-            assert final.ids[:n] == message.prompt_ids
-            assert tokens(tok, message.prompt_ids)[-2:] == list(THINK)  # answered with thinking off
-            assert final.ids[n:n + len(message.sampled_ids)] == message.sampled_ids
-            assert all(final.loss_mask[n:n + len(message.sampled_ids)])
-        assert sum(final.loss_mask) == sum(len(m.sampled_ids) for m in own)
+        for prompt, message in zip(prompts[role], own):
+            n = len(prompt)
+            assert tuple(view.ids[:n]) == prompt
+            assert tokens(tok, prompt)[-2:] == list(THINK)  # answered with thinking off
+            assert tuple(view.ids[n:n + len(message.sampled_ids)]) == message.sampled_ids
+            assert all(view.loss_mask[n:n + len(message.sampled_ids)])
+        assert sum(view.loss_mask) == sum(len(m.sampled_ids) for m in own)
 
     # What a single rendering of the finished dialogue would train on instead: the template has dropped
     # the empty think block from the agent's first turn, so its first prompt is not a prefix of it.
@@ -100,7 +96,7 @@ def test_every_prompt_is_a_prefix_of_the_later_views():
         {"role": "assistant" if m.role == AGENT else "user", "content": m.text}
         for m in messages if AGENT in m.visible_to]
     whole = tok.apply_chat_template(chat)["input_ids"]
-    first = messages[0].prompt_ids
+    first = prompts[AGENT][0]
     assert tuple(whole[:len(first)]) != first
 
 
@@ -119,26 +115,16 @@ def test_rollout_views_with_the_qwen3_template(max_new_tokens):
     graphdef, params = init(tiny_config(len(tok)), seed=0)
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, stop_token_ids=(tok.eos_token_id,),
                               pad_token_id=tok.pad_token_id)
-    player = Player(graphdef, params, tok, sampling, max_context=1024)
+    speaker = ModelSpeaker(Player(graphdef, params, tok, sampling, max_context=1024))
     episodes = [Episode(s, group=i) for i, s in enumerate(env.sample_scenarios(4, np.random.default_rng(0)))]
-    rollout(env, episodes, player, members_turn([player]), jax.random.key(0))
+    rollout(env, episodes, {AGENT: speaker, SIM: speaker}, jax.random.key(0))
     for episode in episodes:
         assert [m.role for m in episode.messages][-2:] == [ENV, SIM]
         for role in (AGENT, SIM):
-            view = final_view(env, episode, role, tok)  # raises if a prompt is not a prefix
-            sampled = [m.sampled_ids for m in episode.messages if m.role == role and m.sampled_ids]
-            assert len(sampled) == (2 if role == AGENT else 3)  # the simulator's opening is the env's text
-            assert sum(view.loss_mask) == sum(map(len, sampled))
-
-
-def test_a_prompt_that_is_not_a_prefix_is_caught():
-    tok = qwen3_tokenizer(WORDS)
-    env = TargetWordEnv()
-    prompt = role_view(tok, env.system_prompt("apple", AGENT), [], AGENT, add_generation_prompt=True).ids
-    sampled = _sample(tok, np.random.default_rng(0), stopped=True)
-    reply = Message(AGENT, "hello", sampled_ids=sampled, logprobs=(-1.0,) * len(sampled), stopped=True,
-                    prompt_ids=prompt)
-    final_view(env, Episode("apple", group=0, messages=[reply]), AGENT, tok)
-    changed = dataclasses.replace(reply, prompt_ids=prompt[:-1] + (tok.eos_token_id,))
-    with pytest.raises(ValueError, match="not a prefix of its training sequence"):
-        final_view(env, Episode("apple", group=0, messages=[changed]), AGENT, tok)
+            view = episode.views[role]
+            own = [m for m in episode.messages if m.role == role and m.sampled_ids]
+            assert len(own) == len(view.prompt_lengths) == (2 if role == AGENT else 3)  # + the env's opening
+            assert sum(view.loss_mask) == sum(len(m.sampled_ids) for m in own)
+            for n, message in zip(view.prompt_lengths, own):  # each reply right after its prompt
+                assert tuple(view.ids[n:n + len(message.sampled_ids)]) == message.sampled_ids
+            assert tokens(tok, view.ids[:view.prompt_lengths[0]])[-2:] == list(THINK)

@@ -1,24 +1,27 @@
 """P4G with LLM players: donation extraction (a hand-written table with traps), personas and their split,
-data errors, the closing question in the turn loop, and rewards."""
+data errors, the closing question in the turn loop, and rewards (an unreadable donation is its own
+outcome)."""
 
 import csv
+import math
 import pathlib
 
 import jax
 import numpy as np
 import pytest
 
-from scope_jax.dialogue.batching import final_view
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
-from scope_jax.dialogue.rollout import Player, members_turn, rollout
+from scope_jax.dialogue.rollout import rollout
+from scope_jax.dialogue.speakers import ModelSpeaker, Player
 from scope_jax.envs import make
 from scope_jax.envs import p4g
+from scope_jax.envs.p4g_donations import UNREADABLE, extract_answer, extract_donation
 from scope_jax.sampling import SamplingConfig
 from scope_jax.training.players import load_model
 
 DATA = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data" / "p4g"
 
-# (persuadee's text, the donation it states in dollars or None)
+# (persuadee's text, the donation it states: dollars, UNREADABLE, or None for no statement)
 STATEMENTS = [
     # plain statements, in the forms the amount takes
     ("I will donate $1.", 1.0),
@@ -52,9 +55,12 @@ STATEMENTS = [
     ("I'll give a dollar fifty.", 1.5),
     ("I will donate 1 dollar and 50 cents", 1.5),
     ("I'll give half a dollar.", 0.5),
-    # capped at $2
-    ("I'll donate $5", 2.0),
-    ("I'll donate 1,000 dollars", 2.0),
+    # above the $2 the persuadee has: not an amount that can be its donation
+    ("I'll donate $5", UNREADABLE),
+    ("I'll donate 1,000 dollars", UNREADABLE),
+    ("I will donate $1. Actually, make it $5.", UNREADABLE),
+    # only an example of an amount
+    ("I'd give, say, $1", UNREADABLE),
     # the last statement wins
     ("I will donate $1. Actually, make it $2.", 2.0),
     ("I'll donate $2... no wait, I'll donate $1.", 1.0),
@@ -83,7 +89,11 @@ STATEMENTS = [
     ("Would you donate $1?", None),
     ("I think you should donate $2.", None),
     ("Otherwise you'd have offered me nothing.", None),
-    ("If you give $1, I'll give $1 too.", 1.0),
+    ("You asked me to donate $1", None),  # a quoted request
+    ("Would you like me to give $1?", None),
+    ("If you give $1, I'll give $1 too.", None),  # an offer that waits for the partner's own donation
+    ("I'll donate $1 if you want.", 1.0),  # a condition, but not a matching offer
+    ("I can't believe how easy it is to donate $1", None),
     ("Save the Children gives $10 to families.", None),
     ("The amount of your donation is $2.", None),
     ("My friend donates $2 every month.", None),
@@ -112,18 +122,24 @@ ANSWERS = [
     ("$0.25 is the amount, not $2.", 0.25),
     ("That's 25 cents. I'll send it to them.", 0.25),
     ("$2.50 to $5.00.", None),
+    ("$5", UNREADABLE),
     ("I'm not sure.", None),
 ]
 
 
+def same(found, expected) -> bool:
+    return found is expected is None or (found is not None and expected is not None and (
+        math.isnan(found) and math.isnan(expected) or found == expected))
+
+
 @pytest.mark.parametrize("text,expected", STATEMENTS)
 def test_extract_donation(text, expected):
-    assert p4g.extract_donation(text) == expected
+    assert same(extract_donation(text), expected), extract_donation(text)
 
 
 @pytest.mark.parametrize("text,expected", ANSWERS)
 def test_extract_answer_to_the_closing_question(text, expected):
-    assert p4g.extract_answer(text) == expected
+    assert same(extract_answer(text), expected), extract_answer(text)
 
 
 # --- a toy data file -----------------------------------------------------------------------------------
@@ -208,9 +224,9 @@ def test_data_errors_are_one_line_naming_the_file(tmp_path, breakage, message):
 def test_run_stops_with_one_line_naming_the_file(tmp_path):
     from experiments.run import prepare
     from scope_jax.config import ConfigError
-    from scope_jax.training import loop
+    from scope_jax.training.config import default_config
 
-    config = loop.default_config()
+    config = default_config()
     config.env.name, config.env.data_dir = "p4g", str(tmp_path / "nowhere")
     message = r"config group 'env': P4G data file .*nowhere/FullData/full_info.csv is missing"
     with pytest.raises(ConfigError, match=message):
@@ -229,18 +245,28 @@ def episode(*texts: str, closing_answer: str | None = None) -> Episode:
 
 
 def test_rewards_last_statement_wins_and_closing_answers_are_read(toy_data):
-    env = p4g.P4GEnv(data_dir=str(toy_data))
+    env = p4g.P4GEnv(data_dir=str(toy_data), unreadable_reward=-0.1)
     stated = episode("Please donate.", "I'll donate $2.", "Thanks!", "Hmm, actually I'll donate $0.50.")
-    assert env.rewards(stated) == {"agent": 0.25, "sim": 0.25, "donation": 0.5, "success": 1.0, "stated": 1.0}
+    assert env.rewards(stated) == {"agent": 0.25, "sim": 0.25, "donation": 0.5, "success": 1.0,
+                                   "unreadable": 0.0}
     assert env.closing(stated) == []
+    nothing = episode("Please donate.", "Nothing.", closing_answer="I'd rather keep it.")
+    assert env.rewards(nothing)["unreadable"] == 1.0
+    refused = episode("Please donate.", "I'll donate nothing.")
+    assert env.rewards(refused) == {"agent": 0.0, "sim": 0.0, "donation": 0.0, "success": 0.0,
+                                    "unreadable": 0.0}
     silent = episode("Please donate.", "Maybe later.")
     (question,) = env.closing(silent)
     assert question.role == ENV and question.visible_to == (SIM,)
-    assert env.rewards(silent) == {"agent": 0.0, "sim": 0.0, "donation": 0.0, "success": 0.0, "stated": 0.0}
+    unread = env.rewards(silent)  # no amount read is not $0: its own outcome, with the configured reward
+    assert (unread["agent"], unread["sim"], unread["unreadable"]) == (-0.1, -0.1, 1.0)
+    assert math.isnan(unread["donation"]) and math.isnan(unread["success"])
     answered = episode("Please donate.", "Maybe later.", closing_answer="$1.50")
     assert env.rewards(answered)["donation"] == 1.5
+    too_much = episode("Please donate.", "I'll donate $5.")  # unreadable: asked again at the end
+    assert len(env.closing(too_much)) == 1 and env.rewards(too_much)["unreadable"] == 1.0
     # a bare amount counts only as an answer to the closing question
-    assert env.rewards(episode("Please donate.", "$1.50"))["stated"] == 0.0
+    assert env.rewards(episode("Please donate.", "$1.50"))["unreadable"] == 1.0
 
 
 def test_closing_question_gets_one_extra_simulator_turn(toy_data):
@@ -250,15 +276,18 @@ def test_closing_question_gets_one_extra_simulator_turn(toy_data):
     graphdef, params, tokenizer = load_model("tiny:0", words=("donate", "$", "1", "I", "no"))
     sampling = SamplingConfig(max_new_tokens=4, stop_token_ids=(tokenizer.eos_token_id,),
                               pad_token_id=tokenizer.pad_token_id)
-    player = Player(graphdef, params, tokenizer, sampling, max_context=4096)
+    speaker = ModelSpeaker(Player(graphdef, params, tokenizer, sampling, max_context=4096))
     episodes = [Episode(s, group=i) for i, s in enumerate(env.sample_scenarios(3, np.random.default_rng(0)))]
-    rollout(env, episodes, player, members_turn([player]), jax.random.key(0))
+    rollout(env, episodes, {AGENT: speaker, SIM: speaker}, jax.random.key(0))
     for e in episodes:
         roles = [m.role for m in e.messages]
         assert roles == [ENV, AGENT, SIM, AGENT, SIM, ENV, SIM] and e.end_reason == "turn_limit"
-        assert e.messages[-1].sampled_ids is not None and e.rewards["donation"] == 0.0
-        final_view(env, e, AGENT, tokenizer)
-        final_view(env, e, SIM, tokenizer)
+        assert e.messages[-1].sampled_ids is not None and e.rewards["unreadable"] == 1.0
+        # the persuadee's view holds the question only it saw, and its answer
+        question = tokenizer(p4g.CLOSING_QUESTION, add_special_tokens=False).input_ids
+        sim = e.views[SIM].ids
+        assert any(sim[i:i + len(question)] == question for i in range(len(sim)))
+        assert len(e.views[AGENT].prompt_lengths) == 2 and len(e.views[SIM].prompt_lengths) == 3
 
 
 # --- the real data -------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ import pytest
 from experiments.jobs import p4g_fidelity as job
 from experiments.run import prepare
 from scope_jax.config import ConfigError
+from scope_jax.dialogue.episode import SIM, Episode, Message
+from scope_jax.envs import p4g
 from scope_jax.training.run_dir import RunDir
 from tests.envs.test_p4g import _row, write_info
 
@@ -36,6 +38,24 @@ def test_histogram_bins():
     humans = np.array([0.0, 0.0, 1.0, 2.0])
     assert job.distances(humans, humans) == {"hist_l1": 0.0, "ks": 0.0}
     assert job.distances(np.zeros(4), humans) == {"hist_l1": 1.0, "ks": 0.5}
+
+
+def test_unreadable_donations_are_left_out_and_counted():
+    """Three readable donations and one unreadable: the statistics are those of the three, the unreadable
+    share is 1/4 (computed by hand: rate 2/3, mean 0.5, against humans [0, 0, 1, 2])."""
+    humans = np.array([0.0, 0.0, 1.0, 2.0])
+    persona = lambda donation: p4g.Persona("p", donation, (), ())
+    episodes = []
+    for donated, human in ((0.0, 0.0), (0.5, 1.0), (1.0, 2.0), (float("nan"), 0.0)):
+        e = Episode(persona(human), group=0, messages=[Message(SIM, f"I think {human} then")])
+        e.rewards = {"donation": donated}
+        episodes.append(e)
+    r = job.arm_results(episodes, humans, distinct_n=2)
+    assert r["n"] == 3 and r["unreadable"] == 0.25
+    assert r["donation_rate"] == pytest.approx(2 / 3) and r["mean_donation"] == pytest.approx(0.5)
+    assert r["ks"] == pytest.approx(job.ks_statistic(np.array([0.0, 0.5, 1.0]), humans))
+    assert r["persona_corr"] == pytest.approx(1.0)  # the readable three rank as their humans do
+    assert sum(r["histogram"]) == pytest.approx(1.0)
 
 
 def tiny_config(data_dir):
@@ -68,12 +88,13 @@ def test_run_writes_table_figure_and_dialogues(tmp_path):
     assert results["humans"]["n"] == 12 and results["humans"]["mean_donation"] == pytest.approx(0.875)
     for arm in job.ARMS:
         r = results["arms"][arm]
-        # tiny random models never state an amount: every dialogue is asked at the end and reads as $0
-        assert r["n"] == 4 and r["donation_rate"] == 0.0 and r["asked_closing"] == 1.0
-        assert r["ks"] == pytest.approx(0.75) and 0.0 <= r["identical"] <= 1.0
+        # tiny random models never state an amount: every dialogue is asked at the end and stays unreadable,
+        # left out of the donation statistics (not read as $0)
+        assert r["n"] == 0 and r["unreadable"] == 1.0 and r["asked_closing"] == 1.0
+        assert np.isnan(r["donation_rate"]) and np.isnan(r["ks"]) and 0.0 <= r["identical"] <= 1.0
     assert results["arms"]["verbalized"]["vs_fallback_rate"] == 1.0
     assert (tmp_path / "run" / "figures" / "donations.png").stat().st_size > 0
-    assert "| direct | 4 |" in (tmp_path / "run" / "summary.md").read_text()
+    assert "| direct | 0 |" in (tmp_path / "run" / "summary.md").read_text()
     dialogues = [json.loads(line) for line in (tmp_path / "run" / "dialogues.jsonl").read_text().splitlines()]
     assert len(dialogues) == 8 and {d["arm"] for d in dialogues} == set(job.ARMS)
     # the same personas in both arms

@@ -19,6 +19,7 @@ from scope_jax.simulators.verbalized import (
     parse,
     repair_probability,
     sample,
+    summarize,
 )
 
 DEFAULT = VerbalizedConfig()
@@ -376,25 +377,26 @@ def test_retry_then_success_and_fallback_are_counted(caplog):
         "entropy": record.distribution.entropy,
         "num_kept": 2,
         "attempts": 3,
-        "parse_failure_rate": 2 / 3,
+        "parse_failures": 2,
         "fell_back": 0.0,
     }
+    first = record
 
     with caplog.at_level(logging.WARNING, logger="scope_jax.simulators.verbalized"):
         reply, record = sampler.choose("Be a donor.", jax.random.key(1), generate, direct)
     assert reply == "Hi." and direct_calls == ["Be a donor."]
     assert (record.attempts, record.parse_failures, record.fell_back) == (3, 3, True)
     assert math.isnan(record.p_max) and record.num_kept == 0 and record.choice is None
-    assert [r.levelname for r in caplog.records] == ["WARNING"] and "falling back" in caplog.text
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "fall back" in caplog.text
 
-    metrics = sampler.metrics()
-    assert metrics == {
+    assert summarize([first.metrics(), record.metrics()]) == {
         "turns": 2,
         "parse_failures": 5,
         "fallbacks": 1,
         "parse_failure_rate": 5 / 6,
         "fallback_rate": 0.5,
         "mean_p_max": 0.75,
+        "deviation": 0.25,
         "mean_entropy": pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25))),
         "mean_num_kept": 2.0,
     }
@@ -402,8 +404,10 @@ def test_retry_then_success_and_fallback_are_counted(caplog):
 
 def test_no_retries_falls_back_after_one_attempt():
     sampler = VerbalizedSampler(VerbalizedConfig(max_retries=0))
-    assert sampler.choose("x", jax.random.key(0), FakeGenerate("??"), direct_stub)[1].attempts == 1
-    assert sampler.metrics()["fallback_rate"] == 1.0 and math.isnan(sampler.metrics()["mean_p_max"])
+    record = sampler.choose("x", jax.random.key(0), FakeGenerate("??"), direct_stub)[1]
+    assert record.attempts == 1
+    summary = summarize([record.metrics()])
+    assert summary["fallback_rate"] == 1.0 and math.isnan(summary["mean_p_max"])
 
 
 def test_choose_batch_uses_one_key_per_instruction():
@@ -414,7 +418,6 @@ def test_choose_batch_uses_one_key_per_instruction():
     expected = [("Yes", "No")[sample(record.distribution, key)] for (_, record), key in zip(results, keys)]
     assert [text for text, _ in results] == expected
     assert {text for text, _ in results} == {"Yes", "No"}
-    assert sampler.metrics()["turns"] == 64
     with pytest.raises(ValueError):
         sampler.choose_batch(["x", "y"], keys[:1], always_good, direct_stub)
 
@@ -426,7 +429,6 @@ def test_generator_errors_are_not_swallowed():
     sampler = VerbalizedSampler(DEFAULT)
     with pytest.raises(RuntimeError, match="model crashed"):
         sampler.choose("x", jax.random.key(0), broken, direct_stub)
-    assert sampler.metrics()["turns"] == 0
     returns_none = lambda prompts, attempt, rows: [None] * len(prompts)
     with pytest.raises(TypeError, match="generate must return str"):
         sampler.choose("x", jax.random.key(0), returns_none, direct_stub)
@@ -449,4 +451,5 @@ def test_choose_batch_retries_only_the_rows_that_failed():
     # Odd rows parse at once; even rows fail, are retried alone, and parse on attempt 1.
     assert calls == [(0, [0, 1, 2, 3]), (1, [0, 2])]
     assert [record.attempts for _, record in results] == [2, 1, 2, 1]
-    assert sampler.metrics()["fallbacks"] == 0 and sampler.metrics()["parse_failures"] == 2
+    summary = summarize([record.metrics() for _, record in results])
+    assert summary["fallbacks"] == 0 and summary["parse_failures"] == 2

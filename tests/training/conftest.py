@@ -1,8 +1,13 @@
-"""Tiny models and batches shared by the training tests (built once per session)."""
+"""Tiny models and batches shared by the training tests (built once per session), and a tensorboard reader."""
+
+import pathlib
+import struct
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from tensorboardX.proto import event_pb2
 
 from scope_jax.models import ModelConfig, init
 from scope_jax.training.batch import RoleBatch
@@ -32,3 +37,17 @@ def tiny_models():
     graphdef, agent = init(TINY, seed=0)
     sims = [init(TINY, seed=s)[1] for s in (1, 2, 3)]
     return graphdef, agent, sims
+
+
+def tensorboard_scalars(folder: pathlib.Path) -> list[tuple[str, int]]:
+    """(tag, step) of every scalar in the tensorboard event files under `folder` (TFRecord framing: length,
+    its CRC, the Event proto, its CRC)."""
+    scalars = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, i = path.read_bytes(), 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+            scalars += [(value.tag, event.step) for value in event.summary.value]
+            i += 12 + n + 4
+    return scalars

@@ -14,9 +14,9 @@ from experiments.run import prepare
 from scope_jax.models import init, save_pretrained
 from scope_jax.models.tiny import word_tokenizer
 from scope_jax.models.tokenizer import THINKING_OFF
-from scope_jax.training import loop
 from scope_jax.training.players import load_model
 from scope_jax.training.run_dir import RunDir
+from scope_jax.training.train import train
 from tests.dialogue.test_qwen3_template import QWEN3_TEMPLATE, THINK
 from tests.envs.test_p4g import _row, write_info
 
@@ -62,11 +62,12 @@ def test_one_training_step_on_a_tiny_checkpoint(tmp_path, size):
     config.monitor.update(probe_contexts=1, probe_samples=2, fork_contexts=1, forks=2, branches=2)
     prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
-        state, metrics = loop.train(config, run_dir)
+        state, metrics = train(config, run_dir)
     assert int(state.step) == 1 and metrics["skipped"] == 0.0 and np.isfinite(metrics["loss"])
     assert np.isfinite(metrics["agent/entropy"]) and "heldout_reward" in metrics
     lines = (tmp_path / "run" / "samples" / "step-0.jsonl").read_text().splitlines()
     samples = [json.loads(line) for line in lines]
     assert len(samples) == 2
     for sample in samples:  # a persuadee that named no amount was asked the closing question and answered
-        assert sample["rewards"]["stated"] or [m["role"] for m in sample["messages"]][-2:] == ["env", "sim"]
+        roles = [m["role"] for m in sample["messages"]]
+        assert not sample["rewards"]["unreadable"] or roles[-2:] == ["env", "sim"]

@@ -1,4 +1,4 @@
-"""End-to-end tests of the host loop on the target-word task with tiny models."""
+"""End-to-end tests of the training loop on the target-word task with tiny models."""
 
 import json
 import os
@@ -12,16 +12,18 @@ import numpy as np
 import pytest
 
 from experiments.run import prepare
-from scope_jax.training import loop
+from scope_jax.training.config import default_config
 from scope_jax.training.run_dir import RunDir
+from scope_jax.training.train import train
+from tests.training.conftest import tensorboard_scalars
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Keys that depend only on the seed and the computation (not on wall-clock time).
-DETERMINISTIC = ("reward", "loss", "agent/entropy", "grad_norm", "zero_variance_groups")
+DETERMINISTIC = ("reward", "loss", "agent/entropy", "grad_norm", "monitor/zero_variance_groups")
 
 
 def tiny_config(**train):
-    config = loop.default_config()
+    config = default_config()
     config.optimizer.learning_rate = 3e-3
     config.train.update(train)
     return config
@@ -32,7 +34,7 @@ def test_agent_learns_the_target_word_against_a_frozen_simulator(tmp_path):
     config = tiny_config(steps=30, eval_every=30, checkpoint_every=30)
     prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
-        loop.train(config, run_dir)
+        train(config, run_dir)
         rewards = [r["reward"] for r in run_dir.read_metrics()]
     first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
     assert last > first + 0.3, (first, last)
@@ -49,7 +51,9 @@ def run_job(workdir: pathlib.Path, *overrides: str) -> subprocess.Popen:
 def records(workdir: pathlib.Path) -> list[dict]:
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     keys = ("step", *DETERMINISTIC, "heldout_reward")
-    return [{k: r[k] for k in keys if k in r} for r in map(json.loads, lines)]
+    found = [{k: r[k] for k in keys if k in r} for r in map(json.loads, lines)]
+    assert all(set(DETERMINISTIC) <= set(r) for r in found)  # every compared key is logged
+    return found
 
 
 @pytest.mark.slow
@@ -71,12 +75,16 @@ def test_sigkill_and_resume_logs_the_same_metrics_as_an_uninterrupted_run(tmp_pa
     assert "resumed from step 6" in out or "resumed from step 9" in out, out
     assert reference.wait(timeout=600) == 0, reference.communicate()[0]
     assert records(tmp_path / "killed") == records(tmp_path / "reference")
+    # tensorboard holds every step once: the killed run's events past its checkpoint were dropped
+    killed, reference = (tensorboard_scalars(tmp_path / run / "tensorboard")
+                         for run in ("killed", "reference"))
+    assert sorted(killed) == sorted(reference) and len(set(killed)) == len(killed)
 
 
 def test_finished_run_is_not_overwritten_and_another_config_is_refused(tmp_path):
     config = tiny_config(steps=2, eval_every=0, checkpoint_every=1)
     with RunDir.create(tmp_path / "run", config) as run_dir:
-        loop.train(config, run_dir)
+        train(config, run_dir)
         run_dir.write_summary("done")
     done = subprocess.run([sys.executable, "-m", "experiments.run",
                            "--config=experiments/configs/target_word.py", f"--workdir={tmp_path / 'run'}"],

@@ -7,32 +7,33 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from experiments.configs.target_word import get_config
 from scope_jax import sampling, sharding
-from scope_jax.dialogue.rollout import rollout
 from scope_jax.logprobs import token_logprobs
 from scope_jax.models import PARTITION_RULES, init, save_pretrained
 from scope_jax.models.tiny import tiny_config
-from scope_jax.training import loop
+from scope_jax.training import rl_step
 from scope_jax.training.players import load_model
+from scope_jax.training.setup import build
 
 WORDS = ("say", "apple", "yes")
 
 
 def test_remat_keys_reach_the_models():
-    config = loop.default_config()
-    config.rollout.update(groups=1, group_size=2)
+    config = get_config("population")
     config.agent.remat = True
-    config.sim.update(mode="population", population=2, remat=True)
-    setup = loop.build(config)
+    config.sim.remat = True
+    setup = build(config)
     remat = lambda graphdef, params: nnx.merge(graphdef, params).remat
-    first_member = jax.tree.map(lambda x: x[0], setup.sim.params)
-    assert remat(setup.agent.graphdef, setup.agent.params) and remat(setup.sim.graphdef, first_member)
+    sims = setup.sims.members
+    first_member = jax.tree.map(lambda x: x[0], sims.params)
+    assert remat(setup.agent.graphdef, setup.agent.params) and remat(sims.graphdef, first_member)
     assert not remat(setup.eval_sims[0].graphdef, setup.eval_sims[0].params)  # never trained
 
     config.agent.remat = False
-    plain = loop.build(config)
+    plain = build(config)
     assert not remat(plain.agent.graphdef, plain.agent.params)
-    assert remat(plain.sim.graphdef, first_member)
+    assert remat(plain.sims.members.graphdef, first_member)
 
 
 def test_gradients_with_and_without_remat_agree():
@@ -61,16 +62,12 @@ def test_load_model_places_parameters_on_the_mesh_and_needs_a_tokenizer(tmp_path
 
 
 def _episodes(mode: str, **mesh) -> list:
-    config = loop.default_config()
+    config = get_config(mode)
     config.env.max_turns = 1
-    config.sim.update(mode=mode, population=2 if mode == "population" else 1)
     config.sampling.max_new_tokens = 6
     config.mesh.update(mesh)
-    setup = loop.build(config)
-    players = loop.current_players(setup, setup.state)
-    episodes = loop.make_episodes(setup.env, config, 0, "train", config.rollout.groups)
-    rollout(setup.env, episodes, players.agent, players.sim_turn, jax.random.key(0))
-    return episodes
+    setup = build(config)
+    return rl_step.play_episodes(setup, setup.state, 0)
 
 
 @pytest.mark.parametrize("mode", ["frozen", "population"])

@@ -1,0 +1,121 @@
+"""The build check of a folder of tasks (our suite by default):
+
+  python -m scope_jax.envs.cooperbench.check [TASKS_DIR] [--isolation=auto|namespaces|process]
+
+For every task: each feature's gold patch applies to the base, touches no test or harness file and
+passes its own hidden tests, which fail on the base; combined.patch passes every feature's tests; and for
+every pair of features the two gold patches merge (plainly or by union) and the merge passes both. One
+row per pair is printed; the exit status is 1 when any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from scope_jax.envs.cooperbench import sandbox
+from scope_jax.envs.cooperbench.evaluation import Evaluator
+from scope_jax.envs.cooperbench.merge import is_protected
+from scope_jax.envs.cooperbench.repo import GitError, Repos, post_images
+from scope_jax.envs.cooperbench.suite import SUITE_DIR
+from scope_jax.envs.cooperbench.tasks import Task, TaskFormatError, load_tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class PairCheck:
+    features: tuple[int, int]
+    merge_status: str
+    conflicts: int
+    passed: tuple[bool, bool]
+
+
+@dataclasses.dataclass
+class TaskCheck:
+    task: str
+    pairs: list[PairCheck] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+
+def check_task(task: Task, evaluator: Evaluator) -> TaskCheck:
+    result = TaskCheck(task.name)
+    base = evaluator.repos.base(task)
+    golds = {}
+    for feature in task.features:
+        where = f"{task.name} feature{feature.id}"
+        try:
+            images = post_images(base, feature.patch)
+            evaluator.gold_count(task, feature.id)
+        except (GitError, TaskFormatError) as e:
+            result.problems.append(f"{where}: {e}")
+            continue
+        golds[feature.id] = images
+        protected = [path for path in images if is_protected(path)]
+        if protected:
+            result.problems.append(f"{where}: feature.patch touches test or harness files {protected}")
+        if evaluator.feature_result(task, feature.id, {}).passed:
+            result.problems.append(f"{where}: the hidden tests pass on the base (they test nothing new)")
+    try:
+        combined = post_images(base, task.combined_patch)
+    except GitError as e:
+        result.problems.append(f"{task.name} combined.patch: {e}")
+    else:
+        for feature in task.features:
+            if feature.id in golds and not evaluator.feature_result(task, feature.id, combined).passed:
+                result.problems.append(f"{task.name}: combined.patch fails feature{feature.id}'s tests")
+    for a, b in task.pairs():
+        if a in golds and b in golds:
+            outcome = evaluator.evaluate(task, (a, b), [golds[a], golds[b]])
+            passed = tuple(f.passed for f in outcome.features)
+            result.pairs.append(PairCheck((a, b), outcome.merge.status, outcome.merge.conflicts, passed))
+            if not outcome.both_passed:
+                failing = [f for f, ok in zip((a, b), passed) if not ok]
+                result.problems.append(f"{task.name} f{a}+f{b}: the merged gold patches "
+                                       f"({outcome.merge.status}) fail feature(s) {failing}")
+    return result
+
+
+COLUMNS = (  # (header, cell of (task check, pair check))
+    ("task", lambda t, p: t.task),
+    ("pair", lambda t, p: f"f{p.features[0]}+f{p.features[1]}"),
+    ("gold merge", lambda t, p: p.merge_status),
+    ("conflict hunks", lambda t, p: str(p.conflicts)),
+    ("merge passes", lambda t, p: "/".join("yes" if ok else "NO" for ok in p.passed)),
+)
+
+
+def table(checks: list[TaskCheck]) -> str:
+    rows = [[cell(t, p) for _, cell in COLUMNS] for t in checks for p in t.pairs]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, (h, _) in enumerate(COLUMNS)]
+    lines = ["  ".join(h.ljust(w) for (h, _), w in zip(COLUMNS, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("tasks_dir", nargs="?", default=str(SUITE_DIR))
+    parser.add_argument("--isolation", default="auto", choices=sandbox.ISOLATIONS)
+    args = parser.parse_args(argv)
+    try:
+        tasks = load_tasks(args.tasks_dir)
+    except TaskFormatError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    repos = Repos()
+    try:
+        evaluator = Evaluator(repos, isolation=args.isolation)
+        checks = [check_task(task, evaluator) for task in tasks]
+    finally:
+        repos.close()
+    print(table(checks))
+    problems = [p for c in checks for p in c.problems]
+    for problem in problems:
+        print(f"FAIL {problem}")
+    print(f"{len(tasks)} tasks, {sum(len(c.pairs) for c in checks)} pairs, isolation {evaluator.isolation}: "
+          + (f"{len(problems)} problem(s)" if problems else "all checks pass"))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

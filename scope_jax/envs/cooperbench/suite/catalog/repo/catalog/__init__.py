@@ -1,0 +1,5 @@
+"""A product catalogue."""
+
+from catalog.store import Catalog
+
+__all__ = ("Catalog",)

@@ -1,0 +1,5 @@
+"""Summary statistics of measurements."""
+
+from stats.summary import mean, spread
+
+__all__ = ("mean", "spread")

@@ -1,0 +1,131 @@
+"""The settings of a dialogue RL run (`default_config`) and the combinations it refuses (`check`).
+
+Every key has its default here; a config file starts from them and changes values (`scope_jax.config`
+refuses unknown keys and wrong types). `check` then refuses, before any work and in one line naming the
+key, what would run but be wrong: sampling the trained roles cannot reproduce in the loss, simulator
+keys the mode does not read, population groups too small for an advantage, batch rows that do not
+split over the mesh or the micro-batches, and more (see `check`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import ml_collections
+
+from scope_jax import envs, sharding
+from scope_jax.config import ConfigError
+from scope_jax.simulators.modes import SimulatorMode, make_mode
+from scope_jax.simulators.verbalized import VerbalizedConfig, verbalized_config
+from scope_jax.training import monitor
+from scope_jax.training.loss import LossConfig
+from scope_jax.training.optimizer import OptimizerConfig
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every setting of a dialogue RL run, with its default."""
+    c = ml_collections.ConfigDict()
+    c.experiment = "dialogue_rl"
+    c.seed = 0
+    # The settings of every environment; each takes those its class has (see make_env).
+    c.env = ml_collections.ConfigDict({"name": "target_word", "max_turns": 2,
+                                       "data_dir": "../shared/data/p4g", "unreadable_reward": 0.0})
+    # dtype and max_context hold for every model; remat (recompute each layer in the backward pass: less
+    # activation memory, about a third more compute) for the agent's model, and in self-play both roles'.
+    c.agent = ml_collections.ConfigDict({"model": "tiny:0", "dtype": "float32", "max_context": 512,
+                                         "remat": False})
+    c.sim = ml_collections.ConfigDict({
+        "mode": "frozen",          # see scope_jax.simulators.modes
+        "remat": False,            # remat for the simulator models (it matters where they train)
+        "model": "tiny:1",         # the simulator (population: member p is "tiny:SEED+p" of a tiny spec)
+        "population": 1,           # P, for mode population
+        "models": (),              # the frozen simulators of modes rotation and mixture
+        "objective": "adversarial",  # a trained simulator's reward: "adversarial" or "cooperative"
+    })
+    c.verbalized = ml_collections.ConfigDict(
+        dict(dataclasses.asdict(VerbalizedConfig()), max_new_tokens=128))
+    c.sampling = ml_collections.ConfigDict({"temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                                            "max_new_tokens": 8})
+    c.rollout = ml_collections.ConfigDict({"groups": 4, "group_size": 4})
+    c.algo = ml_collections.ConfigDict({
+        "advantage": "grpo", "epsilon_low": 0.2, "epsilon_high": 0.2, "dual_clip": 0.0,
+        "aggregation": "token_mean", "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0,
+        "sim_kl_coef": 0.1,  # the KL anchor of a trained simulator to its initial policy
+    })
+    c.optimizer = ml_collections.ConfigDict(dataclasses.asdict(OptimizerConfig()))
+    c.train = ml_collections.ConfigDict({
+        "steps": 30, "microbatches": 1, "eval_every": 10, "eval_groups": 4, "checkpoint_every": 10,
+        "max_consecutive_skips": 3, "samples": 4,  # transcripts written at each eval: samples/step-S.jsonl
+    })
+    c.eval = ml_collections.ConfigDict({"sim_models": ("tiny:101",)})
+    c.monitor = ml_collections.ConfigDict(dataclasses.asdict(monitor.MonitorConfig()))
+    c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
+    return c
+
+
+def check(config: ml_collections.ConfigDict) -> SimulatorMode:
+    """Refuse impossible or silently wrong combinations before any work (ConfigError, one line naming the
+    key); returns the simulator mode."""
+    try:
+        verbalized_config(config.verbalized)
+    except ValueError as e:
+        raise ConfigError(f"config group 'verbalized': {e}") from None
+    mode = make_mode(config)
+    _check_sampling(config)
+    if config.train.checkpoint_every < 1:
+        raise ConfigError(f"config key 'train.checkpoint_every' is {config.train.checkpoint_every}; it must "
+                          "be at least 1 (the last step is always saved)")
+    _check_rows(config, mode)
+    make_env(config.env)  # a missing or malformed data file stops the run here, in one line
+    return mode
+
+
+def _check_sampling(config) -> None:
+    """The agent always trains: its tokens must be sampled from the distribution the loss recomputes,
+    the model's softmax at the sampling temperature (top-k / top-p truncate it, temperature 0 is argmax)."""
+    sampling = config.sampling
+    why = ("the agent trains on its samples, and the loss's log-probs (the whole softmax at the sampling "
+           "temperature) would not be the sampler's")
+    for key, wrong in (("temperature", sampling.temperature <= 0), ("top_k", sampling.top_k > 0),
+                       ("top_p", sampling.top_p < 1)):
+        if wrong:
+            raise ConfigError(f"config key 'sampling.{key}' is {sampling[key]}; {why}")
+
+
+def _check_rows(config, mode: SimulatorMode) -> None:
+    """Each trained role's rows per micro-batch (per population member) split evenly over the mesh."""
+    episodes, microbatches = config.rollout.groups * config.rollout.group_size, config.train.microbatches
+    try:
+        mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    except ValueError as e:
+        raise ConfigError(f"config group 'mesh': {e}") from None
+    shards = sharding.data_parallel_size(mesh)
+    members = mode.members if mode.sim_trains else 1
+    for what, rows in (("agent rows", episodes), ("rows per simulator", episodes // members)):
+        if rows % microbatches or (rows // microbatches) % shards:
+            raise ConfigError(
+                f"config key 'rollout.groups' x 'rollout.group_size' gives {rows} {what}, which do not split "
+                f"into train.microbatches = {microbatches} micro-batches of a multiple of mesh.data x "
+                f"mesh.fsdp = {shards} rows")
+
+
+def make_env(env_config: ml_collections.ConfigDict) -> envs.Environment:
+    """The environment `env_config.name` with the settings of the group that its class takes."""
+    if env_config.name not in envs.ENVIRONMENTS:
+        raise ConfigError(f"config key 'env.name' is {env_config.name!r}; "
+                          f"one of {', '.join(envs.ENVIRONMENTS)}")
+    takes = inspect.signature(envs.ENVIRONMENTS[env_config.name]).parameters
+    try:
+        return envs.make(env_config.name, **{k: v for k, v in env_config.items() if k in takes})
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"config group 'env': {e}") from None
+
+
+def loss_config(config: ml_collections.ConfigDict, kl_coef: float) -> LossConfig:
+    """The loss settings of one role (its KL weight `kl_coef`) from the `algo` and `sampling` groups."""
+    algo = config.algo
+    return LossConfig(epsilon_low=algo.epsilon_low, epsilon_high=algo.epsilon_high,
+                      dual_clip=algo.dual_clip or None, aggregation=algo.aggregation, kl_coef=kl_coef,
+                      kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef,
+                      temperature=config.sampling.temperature)

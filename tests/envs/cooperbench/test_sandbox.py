@@ -1,0 +1,158 @@
+"""The sandbox contains what test code can do wrong: loops, forks, writes outside, floods, memory, network.
+
+Each case runs under both isolation levels (the "namespaces" one is skipped where unshare is not allowed);
+where "process" does not contain something (docs/cooperbench.md), the test says so explicitly.
+"""
+
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from scope_jax.envs.cooperbench import sandbox
+
+NO_NAMESPACES = pytest.mark.skipif(not sandbox.namespaces_available(),
+                                   reason="unshare namespaces are not permitted here")
+LEVELS = [pytest.param("namespaces", marks=NO_NAMESPACES), "process"]
+
+
+def _run(tmp_path, code: str, level: str, **limits) -> sandbox.RunResult:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return sandbox.run([sys.executable, "-c", textwrap.dedent(code)], work,
+                       sandbox.Limits(**{"wall_seconds": 20.0, **limits}), level)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_infinite_loop_is_killed_at_the_wall_clock(tmp_path, level):
+    result = _run(tmp_path, "while True: pass", level, wall_seconds=1.0)
+    assert (result.status, result.exit_code, result.ok) == ("timeout", None, False)
+    assert result.seconds < 6.0
+
+
+def _growing(path, wait=0.5) -> bool:
+    before = path.stat().st_size if path.exists() else -1
+    time.sleep(wait)
+    return path.exists() and path.stat().st_size != before
+
+
+FORKER = """
+    import os, subprocess, sys, time
+    beat = '''import sys, time
+    while True:
+        with open(sys.argv[1], "a") as f:
+            f.write("x")
+        time.sleep(0.02)'''
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.Popen([sys.executable, "-c", beat, "child.beat"], **quiet)
+    {detached}
+    deadline = time.time() + 15
+    while not all(os.path.exists(f) for f in {beats!r}) and time.time() < deadline:
+        time.sleep(0.02)  # until the heartbeats have started
+    print("parent done")
+"""
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_forked_processes_die_with_the_run(tmp_path, level):
+    detached = ('subprocess.Popen([sys.executable, "-c", beat, "detached.beat"], start_new_session=True, '
+                '**quiet)' if level == "namespaces" else "")  # "process" cannot catch a new session
+    beats = ["child.beat", "detached.beat"] if detached else ["child.beat"]
+    result = _run(tmp_path, FORKER.format(detached=detached, beats=beats), level)
+    assert result.ok and "parent done" in result.output
+    for name in beats:
+        beat = tmp_path / "work" / name
+        assert beat.exists() and not _growing(beat), f"{name}: a process outlived the run"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_writes_outside_the_work_directory(tmp_path, level):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    result = _run(tmp_path, f"""
+        open("inside.txt", "w").write("ok")
+        open({str(outside / "planted.txt")!r}, "w").write("escaped")
+    """, level)
+    assert (tmp_path / "work" / "inside.txt").read_text() == "ok"
+    if level == "namespaces":
+        assert not result.ok and "Read-only file system" in result.output
+        assert not (outside / "planted.txt").exists()
+    else:  # documented: the process level does not block writes outside
+        assert result.ok and (outside / "planted.txt").exists()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_gigabyte_of_output_is_cut_off(tmp_path, level):
+    result = _run(tmp_path, """
+        import sys
+        sys.stdout.write("START")
+        for _ in range(1024):
+            sys.stdout.write("x" * (1 << 20))
+    """, level, max_output_bytes=1 << 20, output_bytes=1000)
+    assert (result.status, result.ok) == ("output_limit", False)
+    assert (1 << 20) < result.output_bytes < (64 << 20)
+    assert result.output.startswith("START") and "bytes of output elided" in result.output
+    assert len(result.output) < 1100
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_a_gigabyte_file_is_cut_off(tmp_path, level):
+    result = _run(tmp_path, """
+        with open("big.bin", "wb") as f:
+            for _ in range(1024):
+                f.write(b"x" * (1 << 20))
+    """, level, file_bytes=1 << 20)
+    assert not result.ok
+    assert (tmp_path / "work" / "big.bin").stat().st_size <= 1 << 20
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_memory_is_limited(tmp_path, level):
+    result = _run(tmp_path, "block = bytearray(2 << 30)", level, memory_bytes=512 << 20)
+    assert not result.ok and "MemoryError" in result.output
+
+
+def test_cpu_time_is_limited(tmp_path):
+    result = _run(tmp_path, "while True: pass", "process", cpu_seconds=1, wall_seconds=60.0)
+    assert result.status == "exited" and result.exit_code != 0  # killed by the CPU limit, not the clock
+
+
+CONNECT = """
+    import socket, sys
+    socket.socket(socket.AF_UNIX).close()  # local sockets stay allowed
+    try:
+        socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
+    except OSError as e:
+        sys.exit(f"no network: {{e}}")
+    print("connected")
+"""
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_no_network(tmp_path, level):
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        code = textwrap.dedent(CONNECT.format(port=server.getsockname()[1]))
+        control = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+        assert control.stdout.strip() == "connected"  # outside the sandbox the server is reachable
+        result = _run(tmp_path, code, level)
+    assert not result.ok and "no network" in result.output
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_environment_is_scrubbed(tmp_path, level, monkeypatch):
+    monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    result = _run(tmp_path, """
+        import os, tempfile
+        print(sorted(k for k in os.environ if "proxy" in k.lower() or k == "SECRET_TOKEN"))
+        print(os.environ["HOME"].startswith(os.getcwd()), tempfile.gettempdir().startswith(os.getcwd()))
+    """, level)
+    assert result.ok and result.output.split("\n")[:2] == ["[]", "True True"]
+
+
+def test_unknown_isolation_is_refused(tmp_path):
+    with pytest.raises(sandbox.SandboxError, match="'jail' is unknown"):
+        sandbox.run(["true"], tmp_path, isolation="jail")

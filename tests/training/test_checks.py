@@ -1,0 +1,46 @@
+"""The dialogue RL configurations that would run but be wrong: each is refused in one line naming its key."""
+
+import pytest
+
+from experiments.configs.target_word import get_config
+from scope_jax.config import ConfigError
+from scope_jax.training.config import check
+
+# (label, mode of experiments/configs/target_word.py, changes, the key the error names)
+BAD = [
+    ("top-k truncates a trained role's sampling", "frozen", {"sampling.top_k": 5}, "sampling.top_k"),
+    ("top-p truncates a trained role's sampling", "cotrain", {"sampling.top_p": 0.9}, "sampling.top_p"),
+    ("greedy decoding of a trained role", "frozen", {"sampling.temperature": 0.0}, "sampling.temperature"),
+    ("one rollout per (scenario, member) group", "population", {"rollout.group_size": 2},
+     "rollout.group_size"),
+    ("rollouts per scenario not a multiple of P", "population", {"rollout.group_size": 5},
+     "rollout.group_size"),
+    ("checkpoint_every = 0", "frozen", {"train.checkpoint_every": 0}, "train.checkpoint_every"),
+    ("a population of one", "population", {"sim.population": 1}, "sim.population"),
+    ("a population outside mode population", "cotrain", {"sim.population": 2}, "sim.population"),
+    ("sim.model in rotation", "rotation", {"sim.model": "tiny:1"}, "sim.model"),
+    ("sim.model in mixture", "mixture", {"sim.model": "tiny:1"}, "sim.model"),
+    ("sim.model in self-play", "selfplay", {"sim.model": "tiny:1"}, "sim.model"),
+    ("sim.models in a single-model mode", "frozen", {"sim.models": ("tiny:2",)}, "sim.models"),
+    ("rotation over one model", "rotation", {"sim.models": ("tiny:1",)}, "sim.models"),
+    ("agent rows do not split over the mesh", "frozen", {"rollout.groups": 3, "rollout.group_size": 2,
+                                                         "mesh.data": 4}, "rollout.groups"),
+    ("agent rows do not split into micro-batches", "frozen", {"train.microbatches": 3}, "rollout.groups"),
+    ("a member's rows per micro-batch do not split over the mesh", "population",
+     {"rollout.groups": 1, "rollout.group_size": 4, "mesh.fsdp": 4}, "rollout.groups"),
+    ("an unknown objective", "cotrain", {"sim.objective": "shared"}, "sim.objective"),
+    ("an unknown mode", "frozen", {"sim.mode": "alternating"}, "sim.mode"),
+]
+
+
+@pytest.mark.parametrize("mode,changes,key", [row[1:] for row in BAD], ids=[row[0] for row in BAD])
+def test_bad_configurations_are_refused_in_one_line_naming_the_key(mode, changes, key):
+    config = get_config(mode)
+    check(config)  # the mode's own config is fine
+    for name, value in changes.items():
+        group, field = name.split(".")
+        config[group][field] = value
+    with pytest.raises(ConfigError) as error:
+        check(config)
+    message = str(error.value)
+    assert f"'{key}'" in message and "\n" not in message, message
