@@ -30,6 +30,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.heldout_seeds = (101, 102)
     c.arms = DEFAULT_ARMS
     c.vs_samples = 2
+    c.pretrain_for = ()  # arms whose models pretraining also makes (the sweep: the default's)
     # Co-Training like for like at every (KL weight, simulator learning rate, objective) of the grid.
     c.sweep = ml_collections.ConfigDict({"kl_coefs": (), "sim_learning_rates": (),
                                          "objectives": ("adversarial",)})
@@ -50,13 +51,16 @@ def settings(config: ml_collections.ConfigDict) -> experiment.Settings:
     pre["heldout_priors"] = tuple(tuple(float(x) for x in p) for p in pre["heldout_priors"])
     return experiment.Settings(seeds=tuple(config.seeds), arms=arm_list(config),
                                pretrain=PretrainConfig(**pre), rl=RLConfig(**config.rl.to_dict()),
-                               heldout_seeds=tuple(config.heldout_seeds), vs_samples=config.vs_samples)
+                               heldout_seeds=tuple(config.heldout_seeds), vs_samples=config.vs_samples,
+                               pretrain_for=tuple(arms.ARMS[a] for a in config.pretrain_for))
 
 
 def check(config: ml_collections.ConfigDict) -> None:
-    unknown = [a for a in config.arms if a not in arms.ARMS]
-    if unknown:
-        raise ConfigError(f"config key 'arms' holds unknown arms {unknown}; known: {', '.join(arms.ARMS)}")
+    for key in ("arms", "pretrain_for"):
+        unknown = [a for a in config[key] if a not in arms.ARMS]
+        if unknown:
+            raise ConfigError(f"config key '{key}' holds unknown arms {unknown}; "
+                              f"known: {', '.join(arms.ARMS)}")
     bad = [o for o in config.sweep.objectives if o not in arms.OBJECTIVES]
     if bad:
         raise ConfigError(f"config key 'sweep.objectives' holds {bad}; known: {', '.join(arms.OBJECTIVES)}")

@@ -41,7 +41,8 @@ ARMS_DIR = "arms"
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """vs_samples: verbalizations drawn per (state, strategy) to estimate what Verbalized Sampling
-    trains against (`persona_lm.verbalized_table`)."""
+    trains against (`persona_lm.verbalized_table`). pretrain_for: pretrain the models of other arms
+    too (the sweep pretrains the default's, so that the default run can resume from its pretraining)."""
 
     seeds: tuple[int, ...]
     arms: tuple[Arm, ...]
@@ -49,6 +50,7 @@ class Settings:
     rl: RLConfig
     heldout_seeds: tuple[int, ...] = (101, 102)
     vs_samples: int = 2
+    pretrain_for: tuple[Arm, ...] = ()  # the arms whose models pretraining makes; () = `arms`
 
 
 @dataclasses.dataclass
@@ -335,8 +337,9 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
         progress("pretrained models loaded from the run directory")
     else:
         progress("pretraining agent and simulators")
-        pre = pretrain(settings.pretrain, settings.seeds, arms_lib.collapse_personas(list(settings.arms)),
-                       settings.heldout_seeds, selfplay=any(a.start == "selfplay" for a in settings.arms))
+        needs = list(settings.pretrain_for or settings.arms)
+        pre = pretrain(settings.pretrain, settings.seeds, arms_lib.collapse_personas(needs),
+                       settings.heldout_seeds, selfplay=any(a.start == "selfplay" for a in needs))
         if run_dir.primary:
             _save(cache, pre._asdict())
     seconds = {"pretrain": time.perf_counter() - start}
