@@ -446,7 +446,9 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
         f"(all values below are exact sums over trajectories) and {len(pre['heldout'])} independently "
         f"trained transformer simulators. Success = the persuadee gives at least $1 (score ≥ 1); donation = "
         f"2 x reward. "
-        f"Mean ± 95% t-interval over seeds. Wall time {results.seconds['total']:.0f} s.", "",
+        f"Mean ± 95% t-interval over seeds. Wall time of this process {results.seconds['total']:.0f} s "
+        f"(pretraining and arms loaded from the run directory are not redone; the table at the end gives "
+        f"each arm's own time).", "",
         "![main](figures/main.png)", "", "![gradient panel](figures/gradient_panel.png)", "",
         construction_paragraph(summary), "",
         "## What appeared", "", *[f"- {x}" for x in findings(summary)], "",
@@ -497,7 +499,7 @@ def readme_block(summary: dict[str, Any]) -> str:
     rl = summary["rl"]
     lines = [f"{len(summary['seeds'])} seeds, {rl['steps']} RL steps of {rl['groups'] * rl['group_size']} "
              f"episodes (GRPO, groups of {rl['group_size']}), mean ± 95% t-interval; every held-out number "
-             f"is exact. Wall time of the run {summary['seconds']['total']:.0f} s.", "",
+             f"is exact. Time against the 10-minute budget: docs/results/README.md.", "",
              *arms_table(summary, README_COLUMNS), "",
              *[f"- {x}" for x in findings(summary)]]
     return "\n".join(lines)
