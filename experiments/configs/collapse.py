@@ -1,13 +1,18 @@
 """The simulator-collapse testbed: python -m experiments.run --config=experiments/configs/collapse.py[:ARG].
 
-default  untrained, frozen, Verbalized Sampling, Co-Training, Population Co-Training; 3 seeds; within
-         10 minutes on the 2-core CPU (`python -m experiments.bench collapse`).
-all      the default plus rotation over 4 frozen collapsed simulators and Co-Training started from the
-         collapsed simulator (a few minutes more).
+default  every arm of the comparison on 5 seeds: untrained, the two controls (frozen collapsed and
+         frozen base simulator), Verbalized Sampling, Co-Training (like for like, and the two variants
+         that see the base model), Population Co-Training, rotation and self-play; within 10 minutes on
+         the 2-core CPU (`python -m experiments.bench collapse`).
+all      the default plus mixture (the four collapsed simulators within every step) and Population
+         Co-Training from the base model's persona modes.
+sweep    Co-Training like for like over the simulators' KL weight (0 included) at the default simulator
+         learning rate, with the controls; the default's setting is chosen from it by the rule in
+         docs/results/README.md. It pretrains the default's models too, so that the default run can
+         resume from its pretraining and controls (docs/results/README.md says how).
 quick    the end-to-end test's run (at most 2 minutes, mostly compilation): 1-layer models, small
          pretraining, 10 RL steps, 2 seeds, one held-out simulator, the arms of one compiled program
-         (P = 1: untrained, frozen, Verbalized Sampling, Co-Training). It checks the plumbing, not the
-         science.
+         (P = 1). It checks the plumbing, not the science.
 """
 
 from experiments.jobs import collapse
@@ -18,7 +23,8 @@ def get_config(arg: str | None = None):
     if arg == "quick":
         config.seeds = (0, 1)
         config.heldout_seeds = (101,)
-        config.arms = ("untrained", "frozen", "verbalized", "cotrain")
+        config.arms = ("untrained", "frozen", "frozen_base", "verbalized", "cotrain")
+        config.vs_samples = 2
         config.pretrain.num_layers = 1
         config.pretrain.heldout_priors = ((0.25, 0.25, 0.25, 0.25),)
         config.pretrain.agent_steps = 30
@@ -29,7 +35,12 @@ def get_config(arg: str | None = None):
         config.rl.groups = 4
         config.rl.group_size = 8
     elif arg == "all":
-        config.arms = config.arms + ("rotation", "cotrain_collapsed")
+        config.arms = config.arms + ("mixture", "population_base")
+    elif arg == "sweep":
+        config.arms = ("untrained", "frozen", "frozen_base")
+        config.pretrain_for = collapse.DEFAULT_ARMS
+        config.sweep.kl_coefs = (0.0, 1.0, 2.0, 4.0, 8.0)
+        config.sweep.sim_learning_rates = (5e-4,)  # cut from {1e-4, 5e-4, 2e-3}: docs/results/README.md
     elif arg:
-        raise ValueError(f"unknown collapse config argument {arg!r} (known: quick, all)")
+        raise ValueError(f"unknown collapse config argument {arg!r} (known: quick, all, sweep)")
     return config

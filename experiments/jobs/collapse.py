@@ -1,9 +1,10 @@
 """Job `collapse`: the simulator-collapse testbed (scope_jax.testbed) end to end.
 
-Pretrains a tiny transformer agent and simulators on the persona game, makes the aligned simulator
+Pretrains a tiny transformer agent and simulators on the persona game, makes the aligned simulators
 mode-collapsed, trains the same agent with every arm on the same seeds, evaluates each snapshot exactly
 on the population and on held-out simulators, and writes curves (metrics.jsonl, tensorboard), figures,
-summary.md and summary.json.
+summary.md and summary.json. Rerun into the same --workdir, an interrupted run resumes: pretraining and
+finished arms are loaded, not redone.
 """
 
 from __future__ import annotations
@@ -18,33 +19,58 @@ from scope_jax.testbed.pretrain import PretrainConfig
 from scope_jax.testbed.rl import RLConfig
 from scope_jax.training.run_dir import RunDir
 
+DEFAULT_ARMS = ("untrained", "frozen", "frozen_base", "verbalized", "cotrain", "cotrain_base",
+                "cotrain_base_anchor", "population", "rotation", "selfplay")
+
 
 def default_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.experiment = "collapse"
-    c.seeds = (0, 1, 2)
+    c.seeds = (0, 1, 2, 3, 4)
     c.heldout_seeds = (101, 102)
-    c.arms = ("untrained", "frozen", "verbalized", "cotrain", "population")
+    c.arms = DEFAULT_ARMS
+    c.vs_samples = 2
+    c.pretrain_for = ()  # arms whose models pretraining also makes (the sweep: the default's)
+    # Co-Training like for like at every (KL weight, simulator learning rate, objective) of the grid.
+    c.sweep = ml_collections.ConfigDict({"kl_coefs": (), "sim_learning_rates": (),
+                                         "objectives": ("adversarial",)})
     c.pretrain = ml_collections.ConfigDict(dataclasses.asdict(PretrainConfig()))
     c.rl = ml_collections.ConfigDict(dataclasses.asdict(RLConfig()))
     return c
 
 
+def arm_list(config: ml_collections.ConfigDict) -> tuple[arms.Arm, ...]:
+    sweep = config.sweep
+    return tuple(arms.ARMS[a] for a in config.arms) + tuple(
+        arms.sweep_arm(kl, lr, objective) for objective in sweep.objectives for kl in sweep.kl_coefs
+        for lr in sweep.sim_learning_rates)
+
+
 def settings(config: ml_collections.ConfigDict) -> experiment.Settings:
     pre = config.pretrain.to_dict()
     pre["heldout_priors"] = tuple(tuple(float(x) for x in p) for p in pre["heldout_priors"])
-    return experiment.Settings(seeds=tuple(config.seeds), arms=tuple(config.arms),
+    return experiment.Settings(seeds=tuple(config.seeds), arms=arm_list(config),
                                pretrain=PretrainConfig(**pre), rl=RLConfig(**config.rl.to_dict()),
-                               heldout_seeds=tuple(config.heldout_seeds))
+                               heldout_seeds=tuple(config.heldout_seeds), vs_samples=config.vs_samples,
+                               pretrain_for=tuple(arms.ARMS[a] for a in config.pretrain_for))
 
 
 def check(config: ml_collections.ConfigDict) -> None:
-    unknown = [a for a in config.arms if a not in arms.ARMS]
-    if unknown:
-        raise ConfigError(f"config key 'arms' holds unknown arms {unknown}; known: {', '.join(arms.ARMS)}")
+    for key in ("arms", "pretrain_for"):
+        unknown = [a for a in config[key] if a not in arms.ARMS]
+        if unknown:
+            raise ConfigError(f"config key '{key}' holds unknown arms {unknown}; "
+                              f"known: {', '.join(arms.ARMS)}")
+    bad = [o for o in config.sweep.objectives if o not in arms.OBJECTIVES]
+    if bad:
+        raise ConfigError(f"config key 'sweep.objectives' holds {bad}; known: {', '.join(arms.OBJECTIVES)}")
+    if any(x < 0 for x in tuple(config.sweep.kl_coefs) + tuple(config.sweep.sim_learning_rates)):
+        raise ConfigError("config keys 'sweep.kl_coefs' and 'sweep.sim_learning_rates' must be >= 0")
     if config.rl.steps % config.rl.eval_every:
         raise ConfigError("config key 'rl.steps' must be a multiple of 'rl.eval_every'")
-    members = max(arms.ARMS[a].members for a in config.arms)
+    if config.rl.rotation_block < 1:
+        raise ConfigError("config key 'rl.rotation_block' must be at least 1")
+    members = max(arm.members for arm in arm_list(config))
     if config.rl.groups % members:
         raise ConfigError(f"config key 'rl.groups' must be a multiple of the largest population ({members})")
     if len(config.heldout_seeds) != len(config.pretrain.heldout_priors):
@@ -52,9 +78,10 @@ def check(config: ml_collections.ConfigDict) -> None:
                           "must have the same length")
     if len(config.seeds) < 2:
         raise ConfigError("config key 'seeds' needs at least 2 seeds for confidence intervals")
+    if config.vs_samples < 1:
+        raise ConfigError("config key 'vs_samples' must be at least 1")
 
 
 def run(config: ml_collections.ConfigDict, run_dir: RunDir) -> None:
-    log = lambda arm, step, metrics: run_dir.log(step, metrics, prefix=f"{arm}/")
-    results = experiment.run(settings(config), run_dir.path, log)
+    results = experiment.run(settings(config), run_dir)
     report.write(results, run_dir)

@@ -18,10 +18,12 @@ Views (L = 2 TURNS + 2 = 8 tokens each, right-padded):
 
 The simulator's view is the agent's shifted right by its card (it also sees an early ASK, which it does
 not answer). With Verbalized Sampling the simulator is prompted with its view up to a_t followed by the
-VS request and generates k = 5 (reply act, probability bin) pairs; `parse_verbalized` repairs them in
-jnp (a repeated act keeps its first probability, the stated probabilities are renormalised) or flags
-them malformed (a token of the wrong kind, or no probability mass), and a malformed turn falls back to
-direct sampling. Only the chosen reply enters the dialogue.
+VS request and generates k = 5 (reply act, probability bin) pairs (`VS_SAMPLING`, temperature 1);
+`parse_verbalized` repairs them in jnp (a repeated act keeps its first probability, the stated
+probabilities are renormalised) or flags them malformed (a token of the wrong kind, or no probability
+mass), and a malformed turn falls back to direct sampling. Only the chosen reply enters the dialogue.
+The reply distribution the agent then meets is the mean of the stated distributions over sampled
+verbalizations, fallbacks included (`verbalized_table` estimates it at every decision state).
 
 Sampling is constrained to the role's act tokens (the fixed slot of a chat template): a turn draws from
 the softmax over the role's legal logits, and the behaviour log-prob is taken under that distribution.
@@ -68,6 +70,7 @@ N_BINS = 11  # stated probabilities 0.0, 0.1, ..., 1.0
 VOCAB_SIZE = BIN0 + N_BINS
 VS_K = N_USER  # a verbalization lists every reply act once, most probable first
 VS_LENGTH = 2 * VS_K
+VS_SAMPLING = sampling.SamplingConfig(max_new_tokens=VS_LENGTH)  # how a simulator verbalizes
 
 TOKEN_NAMES: tuple[str, ...] = (
     ("<pad>",) + personas.TOKENS + tuple(f"card:{p}" for p in personas.PERSONAS) + ("card:none", "<vs>")
@@ -200,7 +203,7 @@ def rollout(agent_graphdef: nnx.GraphDef, agent_params: Params, sim_graphdef: nn
     """Play P * M episodes: the agent against a population of P simulators (params stacked on axis 0).
 
     cards [P] int: each member's prompt card. verbalized: scalar bool (not batched): simulators answer
-    by Verbalized Sampling (generate k pairs with `sampling.decode` at temperature 1, parse, sample
+    by Verbalized Sampling (generate k pairs with `sampling.decode` and `VS_SAMPLING`, parse, sample
     from the stated distribution; malformed -> direct). Turn t: agent forward over its view, constrained
     draw of a_t (ASK ends the episode); simulator forward over its view, draw of u_t. After TURNS
     strategies the ASK is forced.
@@ -234,7 +237,7 @@ def rollout(agent_graphdef: nnx.GraphDef, agent_params: Params, sim_graphdef: nn
             prompt = jnp.where(column < pos + 2, view, jnp.where(column == pos + 2, VS_REQUEST, PAD))
             gen = jax.vmap(sampling.decode, in_axes=(None, 0, 0, 0, 0, None))(
                 sim_graphdef, sim_params, prompt[..., :PROMPT_LEN], jnp.full((P, M), pos + 3, jnp.int32),
-                jax.random.split(keys[1], P), sampling.SamplingConfig(max_new_tokens=VS_LENGTH))
+                jax.random.split(keys[1], P), VS_SAMPLING)
             return jax.tree.map(lambda x: x.reshape(B, *x.shape[2:]), parse_verbalized(gen.tokens))
 
         none = Verbalization(jnp.zeros((B, N_USER)), jnp.ones((B,), bool), jnp.zeros((B,), bool))
@@ -299,26 +302,44 @@ def sim_reply_table(graphdef: nnx.GraphDef, params: Params, card: jax.Array) -> 
     return jax.vmap(reply, out_axes=1)(jnp.arange(N_STRATEGIES))
 
 
-def verbalized_table(graphdef: nnx.GraphDef, params: Params, card: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The greedy verbalization at every (state, strategy), parsed:
-    (q [N_STATES, S, U], malformed [N_STATES, S]).
-
-    Malformed entries fall back to the direct reply distribution, as in a rollout.
-    """
-    prefix = jnp.concatenate([jnp.full((personas.N_STATES, 1), card, jnp.int32),
-                              jnp.asarray(STATE_TOKENS)], 1)
+def _verbalization_prompts(card: jax.Array, states: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """VS prompts (card, history, strategy, <vs>) for every strategy at `states` [n], as in a rollout:
+    (prompts [n * S, PROMPT_LEN], prompt lengths [n * S])."""
+    n = len(states)
+    prefix = jnp.concatenate([jnp.full((n, 1), card, jnp.int32), jnp.asarray(STATE_TOKENS[states])], 1)
     prompts = jnp.broadcast_to(jnp.pad(prefix, ((0, 0), (0, 2)))[:, None],
-                               (personas.N_STATES, N_STRATEGIES, PROMPT_LEN)).reshape(-1, PROMPT_LEN)
+                               (n, N_STRATEGIES, PROMPT_LEN)).reshape(-1, PROMPT_LEN)
     rows = jnp.arange(prompts.shape[0])
-    where = jnp.repeat(jnp.asarray(STATE_LAST + 2), N_STRATEGIES)
-    prompts = prompts.at[rows, where].set(AGENT0 + jnp.tile(jnp.arange(N_STRATEGIES), personas.N_STATES))
-    prompts = prompts.at[rows, where + 1].set(VS_REQUEST)
-    gen = sampling.decode(graphdef, params, prompts, where + 2, jax.random.key(0),
-                          sampling.SamplingConfig(temperature=0.0, max_new_tokens=VS_LENGTH))
-    parsed = jax.tree.map(lambda x: x.reshape(personas.N_STATES, N_STRATEGIES, *x.shape[1:]),
-                          parse_verbalized(gen.tokens))
+    where = jnp.repeat(jnp.asarray(STATE_LAST[states] + 2), N_STRATEGIES)  # the strategy's position
+    prompts = prompts.at[rows, where].set(AGENT0 + jnp.tile(jnp.arange(N_STRATEGIES), n))
+    return prompts.at[rows, where + 1].set(VS_REQUEST), where + 2
+
+
+def verbalized_replies(graphdef: nnx.GraphDef, params: Params, card: jax.Array, direct: jax.Array,
+                       states: np.ndarray, key: jax.Array, samples: int) -> tuple[jax.Array, jax.Array]:
+    """The reply distribution of a Verbalized Sampling simulator at `states` [n] (every strategy):
+    the mean over `samples` verbalizations drawn as in a rollout (`VS_SAMPLING`) of the stated
+    distribution, a malformed one replaced by `direct` [n, S, U] (the direct reply distribution).
+    Returns (q [n, S, U], malformed fraction [n, S]); q is an unbiased estimate of what the agent meets.
+    """
+    prompts, lengths = _verbalization_prompts(card, states)
+
+    def one(key):
+        gen = sampling.decode(graphdef, params, prompts, lengths, key, VS_SAMPLING)
+        parsed = jax.tree.map(lambda x: x.reshape(len(states), N_STRATEGIES, *x.shape[1:]),
+                              parse_verbalized(gen.tokens))
+        return jnp.where(parsed.malformed[..., None], direct, parsed.probs), parsed.malformed
+
+    q, malformed = jax.lax.map(one, jax.random.split(key, samples))
+    return q.mean(0), malformed.mean(0)
+
+
+def verbalized_table(graphdef: nnx.GraphDef, params: Params, card: jax.Array, key: jax.Array,
+                     samples: int) -> tuple[jax.Array, jax.Array]:
+    """`verbalized_replies` at every decision state: (q [N_STATES, S, U], malformed fraction [N_STATES, S])
+    (`samples` static under jit)."""
     direct = sim_reply_table(graphdef, params, card)
-    return jnp.where(parsed.malformed[..., None], direct, parsed.probs), parsed.malformed
+    return verbalized_replies(graphdef, params, card, direct, np.arange(personas.N_STATES), key, samples)
 
 
 def as_table(probs: np.ndarray) -> np.ndarray:

@@ -1,22 +1,22 @@
 """The arms of the collapse experiment: which simulators the same agent trains against, and how.
 
-Every arm starts from the same pretrained agent and runs the same RL (`rl.make_runner`); they differ in
-data only:
+A *mode* says how the simulator side answers and what trains, with the same meaning as in the dialogue
+loop:
 
-  untrained   no RL: the pretrained (P4G-behaviour) agent.
-  frozen      one frozen, mode-collapsed simulator (the "aligned" one, no card).
-  verbalized  the same collapsed model, answering by Verbalized Sampling.
-  cotrain     Co-Training: the base (pre-alignment) simulator is trained on the same episodes against
-              the agent (adversarial: advantages of minus the agent's reward), with a KL anchor to its
-              initial policy.
-  cotrain_collapsed
-              Co-Training started from the collapsed (aligned) simulator, anchored to the base one:
-              the simulator one has is trained back towards the population while the agent trains.
-  population  Population Co-Training: P = 4 simulators started from the persona modes (the base
-              simulator shown each persona's card), trained adversarially, each anchored to its start.
-  rotation    several frozen simulators taken in turn (one block of groups each): the collapsed models
-              that the same alignment-like step makes from each persona mode, i.e. four "aligned models"
-              collapsed in different directions.
+  frozen      fixed simulators; member p answers the episodes of block p.
+  verbalized  a fixed simulator answering by Verbalized Sampling.
+  cotrain     Co-Training: one simulator trained on the same episodes, by default adversarially
+              (advantages of minus the agent's reward) with a KL anchor to a reference.
+  population  Population Co-Training: P simulators, member p trained on its own block.
+  rotation    P fixed simulators taken in turn: every episode of a step is answered by one of them,
+              the next one after `RLConfig.rotation_block` steps.
+  mixture     P fixed simulators within every step: member p answers block p.
+  selfplay    one transformer plays both roles (its user role behind the prompt card slot, which the
+              agent's view never holds) and receives both roles' gradients.
+
+An *arm* is a mode plus where its simulators start and what they are anchored to. Every arm starts from
+the same pretrained agent (self-play: the joint model's agent role) and runs the same RL
+(`rl.make_runner`); apart from the population size P and self-play, they differ in data only.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from scope_jax.envs import persona_lm as lm
 from scope_jax.envs import personas
@@ -32,54 +33,130 @@ from scope_jax.testbed.pretrain import Pretrained
 
 
 @dataclasses.dataclass(frozen=True)
+class Mode:
+    trains_sims: bool
+    verbalized: bool = False
+    rotates: bool = False
+    self_play: bool = False
+
+
+MODES: dict[str, Mode] = {
+    "frozen": Mode(False), "verbalized": Mode(False, verbalized=True), "cotrain": Mode(True),
+    "population": Mode(True), "rotation": Mode(False, rotates=True), "mixture": Mode(False),
+    "selfplay": Mode(True, self_play=True),
+}
+# Where the simulators start: their pretrained models, and how many members that makes.
+STARTS = {"collapsed": 1, "base": 1, "collapsed_modes": len(personas.PERSONAS),
+          "persona_modes": len(personas.PERSONAS), "selfplay": 1}
+OBJECTIVES = {"adversarial": -1.0, "cooperative": 1.0}  # sign of the agent's reward in the simulators' own
+
+
+@dataclasses.dataclass(frozen=True)
 class Arm:
+    """start: "collapsed" (the emotional collapsed simulator), "base" (pre-alignment), "collapsed_modes"
+    (the four collapsed simulators, one per collapse direction), "persona_modes" (the base simulator
+    shown each persona's card) or "selfplay" (the joint model). anchor: the KL reference of trained
+    simulators, "start" (each its own start) or "base". sim_kl_coef / sim_learning_rate: None takes
+    the run's `RLConfig` values (the sweep sets them per arm)."""
+
     name: str
     label: str
-    members: int = 1  # P, the simulator population (shapes the compiled program)
-    start: str = "collapsed"  # "collapsed", "base", "persona_modes" (base with cards), "collapsed_modes"
-    verbalized: bool = False
-    train_sims: bool = False
+    mode: str | None  # None: no RL
+    start: str = "collapsed"
+    anchor: str = "start"
+    objective: str = "adversarial"
+    sim_kl_coef: float | None = None
+    sim_learning_rate: float | None = None
+
+    def __post_init__(self):
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"arm {self.name}: unknown mode {self.mode!r}; known: {', '.join(MODES)}")
+        if self.start not in STARTS or self.anchor not in ("start", "base"):
+            raise ValueError(f"arm {self.name}: start {self.start!r} / anchor {self.anchor!r} unknown")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"arm {self.name}: objective {self.objective!r}; known: {', '.join(OBJECTIVES)}")
+        grouped = self.mode in ("population", "rotation", "mixture")
+        if self.mode is not None and grouped != (self.members > 1):
+            raise ValueError(f"arm {self.name}: mode {self.mode} with {self.members} simulator(s)")
+        if self.mode == "verbalized" and self.start != "collapsed":
+            raise ValueError(f"arm {self.name}: Verbalized Sampling is the collapsed simulator's")
+        if (self.mode == "selfplay") != (self.start == "selfplay"):
+            raise ValueError(f"arm {self.name}: self-play and only self-play starts from the joint model")
 
     @property
     def trains(self) -> bool:
-        return self.name != "untrained"
+        return self.mode is not None
+
+    @property
+    def members(self) -> int:
+        return STARTS[self.start]
+
+    @property
+    def spec(self) -> Mode:
+        return MODES[self.mode]
 
 
 ARMS: dict[str, Arm] = {arm.name: arm for arm in (
-    Arm("untrained", "untrained (no RL)"),
-    Arm("frozen", "single frozen simulator"),
-    Arm("verbalized", "Verbalized Sampling", verbalized=True),
-    Arm("cotrain", "Co-Training", start="base", train_sims=True),
-    Arm("cotrain_collapsed", "Co-Training from the collapsed simulator", train_sims=True),
-    Arm("population", "Population Co-Training (P=4)", members=4, start="persona_modes", train_sims=True),
-    Arm("rotation", "rotation (4 frozen)", members=4, start="collapsed_modes"),
+    Arm("untrained", "untrained (no RL)", None),
+    Arm("frozen", "frozen collapsed simulator", "frozen"),
+    Arm("frozen_base", "frozen base simulator", "frozen", start="base"),
+    Arm("verbalized", "Verbalized Sampling", "verbalized"),
+    Arm("cotrain", "Co-Training", "cotrain"),
+    Arm("cotrain_base", "Co-Training from the base simulator", "cotrain", start="base"),
+    Arm("cotrain_base_anchor", "Co-Training anchored to the base simulator", "cotrain", anchor="base"),
+    Arm("population", "Population Co-Training (P=4)", "population", start="collapsed_modes"),
+    Arm("population_base", "Population Co-Training from the base persona modes", "population",
+        start="persona_modes"),
+    Arm("rotation", "rotation (4 frozen)", "rotation", start="collapsed_modes"),
+    Arm("mixture", "mixture (4 frozen)", "mixture", start="collapsed_modes"),
+    Arm("selfplay", "self-play", "selfplay", start="selfplay"),
 )}
-FIXES = ("verbalized", "cotrain", "population", "rotation", "cotrain_collapsed")  # compared with frozen
+CONTROLS = ("frozen", "frozen_base")  # every other trained arm is compared with both, paired by seed
 
 
-def collapse_personas(arm_names) -> tuple[int, ...]:
-    """The personas the alignment-like step collapses onto: emotional first, all four for rotation."""
-    if "rotation" in arm_names:
+def sweep_arm(kl_coef: float, learning_rate: float, objective: str = "adversarial") -> Arm:
+    """Co-Training like for like (from the collapsed simulator, anchored to its start) at one setting."""
+    tag = "" if objective == "adversarial" else f"_{objective}"
+    label = f"Co-Training{' ' + objective if tag else ''}, KL {kl_coef:g}, simulator lr {learning_rate:g}"
+    return Arm(f"cotrain{tag}_kl{kl_coef:g}_lr{learning_rate:g}", label, "cotrain", objective=objective,
+               sim_kl_coef=float(kl_coef), sim_learning_rate=float(learning_rate))
+
+
+def collapse_personas(arms: list[Arm]) -> tuple[int, ...]:
+    """The personas the alignment-like step collapses onto: the emotional one (the collapsed simulator),
+    and all four when an arm starts from the collapsed modes."""
+    if any(arm.start == "collapsed_modes" for arm in arms):
         return tuple(range(len(personas.PERSONAS)))
     return (personas.EMOTIONAL,)
 
 
-def cards(arm: Arm) -> jax.Array:
+def cards(arm: Arm) -> np.ndarray:
     """[P] prompt cards: persona cards for the persona modes, "no card" otherwise."""
     if arm.start == "persona_modes":
-        return jnp.asarray([lm.card_token(p) for p in range(arm.members)], jnp.int32)
-    return jnp.full((arm.members,), lm.NO_CARD, jnp.int32)
+        return np.asarray([lm.card_token(p) for p in range(arm.members)], np.int32)
+    return np.full((arm.members,), lm.NO_CARD, np.int32)
+
+
+def voices(arm: Arm, steps: int, rotation_block: int) -> np.ndarray:
+    """[steps, P] the member that answers block p at step t: member p, or in rotation the member
+    (t // rotation_block) mod P for every block."""
+    if arm.trains and arm.spec.rotates:
+        turn = (np.arange(steps) // rotation_block) % arm.members
+        return np.repeat(turn[:, None], arm.members, axis=1).astype(np.int32)
+    return np.broadcast_to(np.arange(arm.members, dtype=np.int32), (steps, arm.members)).copy()
 
 
 def simulators(arm: Arm, pre: Pretrained) -> tuple:
-    """(initial simulators [R, P], KL references [R, P]) of an arm."""
-    repeat = lambda tree: jax.tree.map(lambda x: jnp.repeat(x[:, None], arm.members, axis=1), tree)
-    base = repeat(pre.base)
-    if arm.start in ("base", "persona_modes"):
-        return base, base
-    if arm.start == "collapsed_modes":
-        if jax.tree.leaves(pre.collapsed)[0].shape[1] != arm.members:
-            raise ValueError("rotation needs one collapsed simulator per member")
-        return pre.collapsed, base
-    emotional = jax.tree.map(lambda x: x[:, :1], pre.collapsed)  # collapse persona 0 is the emotional one
-    return jax.tree.map(lambda x: jnp.repeat(x, arm.members, axis=1), emotional), base
+    """(initial simulators [R, P], KL references [R, P]) of an arm, as parameter trees."""
+    members = lambda tree: jax.tree.map(lambda x: jnp.repeat(x[:, None], arm.members, axis=1), tree)
+    base = members(pre.base)
+    start = {
+        "collapsed": lambda: jax.tree.map(lambda x: x[:, :1], pre.collapsed),  # collapse persona 0: emotional
+        "base": lambda: base,
+        "collapsed_modes": lambda: pre.collapsed,
+        "persona_modes": lambda: base,
+        "selfplay": lambda: members(pre.selfplay),
+    }[arm.start]()
+    if jax.tree.leaves(start)[0].shape[1] != arm.members:
+        raise ValueError(f"arm {arm.name} needs {arm.members} pretrained simulators per seed")
+    return start, (start if arm.anchor == "start" else base)

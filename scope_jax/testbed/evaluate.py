@@ -13,6 +13,8 @@ and a transformer simulator at the 25,510 (state, strategy) contexts (`persona_l
       simulator side = sum_i reach_i sum_s pi(s | i) Var_{u ~ q(i, s)} V(child(i, s, u)),
 
   and Var(r) = agent side + simulator side; the simulator-side share is their ratio.
+* KL to start: on-policy mean of KL(q(. | i, s) || q_start(. | i, s)) over the simulator's turns when
+  the agent talks to q, how far a trained simulator moved from where it started (0 for frozen ones).
 * entropy of the agent's act distribution, averaged over decision states weighted by how often the
   training simulator's dialogues reach them ("on-simulator"), and weighted by the population's excess
   reach max(reach_population - reach_simulator, 0): the states real users bring the agent to but the
@@ -81,12 +83,20 @@ def _weighted(values: np.ndarray, weights: np.ndarray) -> float:
     return float(values @ weights / total) if total > 0 else float("nan")
 
 
+def kl_to_start(policy: np.ndarray, sim: np.ndarray, start: np.ndarray) -> float:
+    """On-policy mean of KL(sim(. | i, s) || start(. | i, s)) when `policy` talks to `sim`."""
+    weight = personas.reach_probabilities(policy, sim)[:, None] * policy[:, :personas.N_STRATEGIES]
+    kl = np.sum(sim * (np.log(np.maximum(sim, 1e-300)) - np.log(np.maximum(start, 1e-300))), -1)
+    return _weighted(kl.reshape(-1), weight.reshape(-1))
+
+
 def exact_metrics(policy: np.ndarray, train_sims: Sequence[np.ndarray], population: np.ndarray,
-                  heldout_sims: Sequence[np.ndarray]) -> dict[str, float]:
+                  heldout_sims: Sequence[np.ndarray], start_sims: Sequence[np.ndarray]) -> dict[str, float]:
     """Every exact metric of one agent policy [N_STATES, N_AGENT].
 
     train_sims: the arm's training simulators (members, equally weighted; each episode block plays one);
-    population: the true users (`personas.base_simulator()`); heldout_sims: independently trained ones.
+    population: the true users (`personas.base_simulator()`); heldout_sims: independently trained ones;
+    start_sims: the training simulators where they started (the same tables for frozen ones).
     """
     value = personas.policy_value(policy, population)
     entropy = state_entropy(policy)
@@ -101,6 +111,8 @@ def exact_metrics(policy: np.ndarray, train_sims: Sequence[np.ndarray], populati
         "heldout_sims_value": float(np.mean(heldout)),
         "train_value": float(np.mean([personas.policy_value(policy, q) for q in train_sims])),
         "sim_deviation": float(np.mean([personas.simulator_deviation(policy, q) for q in train_sims])),
+        "sim_kl_to_start": float(np.mean([kl_to_start(policy, q, q0)
+                                          for q, q0 in zip(train_sims, start_sims)])),
         "sim_variance_share": float(np.nanmean([s.simulator_share for s in splits])),
         "sim_side_variance": float(np.mean([s.simulator_side for s in splits])),
         "reward_variance": float(np.mean([s.total for s in splits])),

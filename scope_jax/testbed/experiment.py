@@ -1,13 +1,18 @@
 """The simulator-collapse experiment: pretrain, tabulate, run every arm on the same seeds, evaluate exactly.
 
 `run` returns plain numpy results (curves per arm and seed, pretraining diagnostics, exact references,
-wall times); `scope_jax.testbed.report` turns them into figures and summaries. Pretrained models are
-cached in the run directory (`pretrained.msgpack`), so a resumed run does not pretrain again.
+wall times); `scope_jax.testbed.report` turns them into figures and summaries. The run directory keeps
+what is done: the pretrained models (`pretrained.msgpack`) and every finished arm (`arms/NAME.msgpack`,
+written before its metrics are logged). A resumed run loads both, reruns only the arms that did not
+finish, and keeps each arm's records in `metrics.jsonl` exactly once (an arm whose records are
+incomplete, from a run killed while logging, has them dropped and logged again from its saved result).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -20,23 +25,32 @@ from flax import serialization
 from scope_jax import diagnostics
 from scope_jax.envs import persona_lm as lm
 from scope_jax.envs import personas
+from scope_jax.models import decoder
 from scope_jax.testbed import arms as arms_lib
 from scope_jax.testbed import evaluate
+from scope_jax.testbed.arms import Arm
+from scope_jax.testbed.gradients import GradientPanel
 from scope_jax.testbed.pretrain import Pretrained, PretrainConfig, model_config, pretrain
-from scope_jax.testbed.rl import RLConfig, make_runner
-from scope_jax.models import decoder
+from scope_jax.testbed.rl import RLConfig, arm_inputs, make_runner
+from scope_jax.training.run_dir import METRICS, RunDir
 
 PRETRAINED = "pretrained.msgpack"
-Logger = Callable[[str, int, dict[str, Any]], None]  # (arm, step, metrics)
+ARMS_DIR = "arms"
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
+    """vs_samples: verbalizations drawn per (state, strategy) to estimate what Verbalized Sampling
+    trains against (`persona_lm.verbalized_table`). pretrain_for: pretrain the models of other arms
+    too (the sweep pretrains the default's, so that the default run can resume from its pretraining)."""
+
     seeds: tuple[int, ...]
-    arms: tuple[str, ...]
+    arms: tuple[Arm, ...]
     pretrain: PretrainConfig
     rl: RLConfig
     heldout_seeds: tuple[int, ...] = (101, 102)
+    vs_samples: int = 2
+    pretrain_for: tuple[Arm, ...] = ()  # the arms whose models pretraining makes; () = `arms`
 
 
 @dataclasses.dataclass
@@ -50,6 +64,11 @@ class ArmResult:
     evals: dict[str, np.ndarray]
     seconds: float
 
+    @property
+    def records(self) -> int:
+        """How many metrics.jsonl records logging this arm writes."""
+        return (self.step_curves["reward"].shape[1] if self.step_curves else 0) + len(self.eval_steps)
+
 
 @dataclasses.dataclass
 class Results:
@@ -60,6 +79,15 @@ class Results:
     seconds: dict[str, float]
 
 
+def _flatten(tree, lead_ndim: int):
+    """Merge the first lead_ndim axes of every leaf."""
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[lead_ndim:]), tree)
+
+
+def _index(tree, i):
+    return jax.tree.map(lambda x: x[i], tree)
+
+
 class Tabulator:
     """Jitted read-outs of transformer players at every decision state, one model per call (one
     compiled program per read-out, whatever the number of models)."""
@@ -68,7 +96,7 @@ class Tabulator:
         self.graphdef = graphdef
         self._policy = jax.jit(lm.agent_policy_table, static_argnums=0)
         self._replies = jax.jit(lm.sim_reply_table, static_argnums=0)
-        self._verbal = jax.jit(lm.verbalized_table, static_argnums=0)
+        self._verbal = jax.jit(lm.verbalized_table, static_argnums=(0, 4))
 
     def policies(self, params, lead_ndim: int = 1) -> np.ndarray:
         """[*lead, N_STATES, N_AGENT] float64 for params with `lead_ndim` leading axes."""
@@ -85,28 +113,24 @@ class Tabulator:
                for i, c in enumerate(cards.reshape(-1))]
         return np.stack(out).reshape(*cards.shape, *out[0].shape)
 
-    def verbalized(self, params, card: int) -> tuple[np.ndarray, np.ndarray]:
-        """(stated table [R, N_STATES, S, U], malformed [R, N_STATES, S]) of params [R] with one card."""
-        out = [self._verbal(self.graphdef, _index(params, i), card)
-               for i in range(jax.tree.leaves(params)[0].shape[0])]
+    def verbalized(self, params, card: int, keys: Sequence[jax.Array],
+                   samples: int) -> tuple[np.ndarray, np.ndarray]:
+        """(what VS trains against [R, N_STATES, S, U], malformed fraction [R, N_STATES, S]) of params [R]."""
+        out = [self._verbal(self.graphdef, _index(params, i), card, key, samples)
+               for i, key in enumerate(keys)]
         return np.stack([lm.as_table(q) for q, _ in out]), np.stack([np.asarray(m) for _, m in out])
 
 
-def _flatten(tree, lead_ndim: int):
-    """Merge the first lead_ndim axes of every leaf."""
-    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[lead_ndim:]), tree)
+def _save(path, tree: dict) -> None:
+    """Write atomically (a killed run leaves the old file or the new one, never half of one)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(serialization.msgpack_serialize(
+        jax.tree.map(lambda x: x if isinstance(x, str) else np.asarray(x), tree)))
+    os.replace(tmp, path)
 
 
-def _index(tree, i: int):
-    return jax.tree.map(lambda x: x[i], tree)
-
-
-def _save(path, pre: Pretrained) -> None:
-    path.write_bytes(serialization.msgpack_serialize(jax.tree.map(np.asarray, pre._asdict())))
-
-
-def _load(path) -> Pretrained:
-    return Pretrained(**serialization.msgpack_restore(path.read_bytes()))
+def _restore(path) -> dict:
+    return serialization.msgpack_restore(path.read_bytes())
 
 
 def _tv(a: np.ndarray, b: np.ndarray, weights: np.ndarray) -> float:
@@ -118,52 +142,6 @@ def _on_policy_weights(policy: np.ndarray, sim: np.ndarray) -> np.ndarray:
     return personas.reach_probabilities(policy, sim)[:, None] * policy[:, :personas.N_STRATEGIES]
 
 
-def pretraining_diagnostics(agent: np.ndarray, base: np.ndarray, cards: np.ndarray, collapsed: np.ndarray,
-                            verbalized: np.ndarray, malformed: np.ndarray, heldout: np.ndarray,
-                            population: np.ndarray,
-                            heldout_priors: Sequence[Sequence[float]]) -> dict[str, Any]:
-    """Per seed r: agent [R] policies, base [R] / cards [R, 4] / collapsed [R] / verbalized [R] tables.
-
-    Deviations (1 - p_max, on-policy, exact) and TV distances are taken on the dialogues of the
-    pretrained agent with the population (TV) or with the simulator itself (deviation).
-    """
-    p4g = personas.p4g_policy()[0]
-    out: dict[str, Any] = {k: [] for k in (
-        "agent_first_turn_tv_to_p4g", "agent_value", "base_tv", "card_tv", "collapsed_tv_to_tabular",
-        "base_deviation", "collapsed_deviation", "verbalized_deviation",
-        "verbalized_tv", "verbalized_malformed", "population_deviation", "tabular_collapsed_deviation",
-        "base_best_response_value", "verbalized_best_response_value")}
-    for r in range(len(agent)):
-        pi = agent[r]
-        w = _on_policy_weights(pi, population)
-        out["agent_first_turn_tv_to_p4g"].append(0.5 * float(np.abs(pi[0] - p4g).sum()))
-        out["agent_value"].append(personas.policy_value(pi, population))
-        out["base_tv"].append(_tv(base[r], population, w))
-        out["card_tv"].append([_tv(cards[r, p], personas.persona_simulator(p), w)
-                               for p in range(cards.shape[1])])
-        out["collapsed_tv_to_tabular"].append(_tv(collapsed[r], personas.collapsed_simulator(), w))
-        out["verbalized_tv"].append(_tv(verbalized[r], population, w))
-        out["verbalized_malformed"].append(float(malformed[r].mean()))
-        # Fidelity ceilings: the population value of the best response to each training simulator.
-        for key, table in (("base_best_response_value", base[r]),
-                           ("verbalized_best_response_value", verbalized[r])):
-            out[key].append(personas.policy_value(personas.best_response(table).policy, population))
-        for key, table in (("base_deviation", base[r]), ("collapsed_deviation", collapsed[r]),
-                           ("verbalized_deviation", verbalized[r]),
-                           ("population_deviation", population),
-                           ("tabular_collapsed_deviation", personas.collapsed_simulator())):
-            out[key].append(personas.simulator_deviation(pi, table))
-    out["heldout"] = []
-    for h, prior in enumerate(heldout_priors):
-        prior = np.asarray(prior) / np.sum(prior)
-        truth = personas.base_simulator(personas.TABLES, prior)
-        tv = _tv(heldout[h], truth, _on_policy_weights(agent[0], truth))
-        out["heldout"].append({"prior": prior.tolist(), "tv_to_own_population": tv,
-                               "deviation": personas.simulator_deviation(agent[0], heldout[h]),
-                               "untrained_value": personas.policy_value(agent[0], heldout[h])})
-    return out
-
-
 class Tables(NamedTuple):
     """Every pretrained model read out at every decision state (float64), per seed R."""
 
@@ -171,106 +149,225 @@ class Tables(NamedTuple):
     base: np.ndarray  # [R, N_STATES, S, U] base simulator, no card
     cards: np.ndarray  # [R, 4, ...] base simulator with each persona's card
     collapsed: np.ndarray  # [R, C, ...] collapsed simulators, no card (C = 0 is the emotional mode)
-    verbalized: np.ndarray  # [R, ...] the emotional collapsed simulator answering by greedy verbalization
-    malformed: np.ndarray  # [R, N_STATES, S] its malformed verbalizations (replaced by direct replies)
+    verbalized: np.ndarray  # [R, ...] what the emotional collapsed simulator's Verbalized Sampling answers
+    vs_malformed: np.ndarray  # [R, N_STATES, S] fraction of its verbalizations that fall back
     heldout: np.ndarray  # [H, ...] held-out simulators, no card
+    selfplay_agent: np.ndarray | None  # [R, N_STATES, N_AGENT] the joint model's agent role
+    selfplay: np.ndarray | None  # [R, ...] the joint model's user role, no card
 
 
-def tabulate(tab: Tabulator, pre: Pretrained) -> Tables:
-    R = len(pre.losses["agent"])
+def tabulate(tab: Tabulator, pre: Pretrained, vs_samples: int, seeds: Sequence[int]) -> Tables:
+    R = len(seeds)
     cards = np.asarray([lm.card_token(p) for p in range(len(personas.PERSONAS))])
     C = jax.tree.leaves(pre.collapsed)[0].shape[1]
     H = jax.tree.leaves(pre.heldout)[0].shape[0]
-    verbalized, malformed = tab.verbalized(jax.tree.map(lambda x: x[:, 0], pre.collapsed), lm.NO_CARD)
+    keys = [jax.random.fold_in(jax.random.key(8191), s) for s in seeds]
+    verbalized, malformed = tab.verbalized(jax.tree.map(lambda x: x[:, 0], pre.collapsed), lm.NO_CARD, keys,
+                                           vs_samples)
+    joint = pre.selfplay is not None
     return Tables(
         agent=tab.policies(pre.agent),
         base=tab.sims(pre.base, np.full(R, lm.NO_CARD)),
         cards=tab.sims(jax.tree.map(lambda x: jnp.repeat(x[:, None], len(cards), 1), pre.base),
                        np.broadcast_to(cards, (R, len(cards)))),
         collapsed=tab.sims(pre.collapsed, np.full((R, C), lm.NO_CARD)),
-        verbalized=verbalized, malformed=malformed,
-        heldout=tab.sims(pre.heldout, np.full(H, lm.NO_CARD)))
+        verbalized=verbalized, vs_malformed=malformed,
+        heldout=tab.sims(pre.heldout, np.full(H, lm.NO_CARD)),
+        selfplay_agent=tab.policies(pre.selfplay) if joint else None,
+        selfplay=tab.sims(pre.selfplay, np.full(R, lm.NO_CARD)) if joint else None)
 
 
-def run_arm(arm: arms_lib.Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: Tabulator,
-            runner, keys: jax.Array, log: Logger) -> ArmResult:
-    """Train one arm on every seed (one compiled call), evaluate its snapshots exactly, log every point."""
+def pretraining_diagnostics(tables: Tables, population: np.ndarray,
+                            heldout_priors: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Per seed: how the pretrained players compare with the game's tables.
+
+    Deviations (1 - p_max, on-policy, exact) and TV distances are taken on the dialogues of the
+    pretrained agent with the population (TV) or with the simulator itself (deviation).
+    """
+    p4g = personas.p4g_policy()[0]
+    out: dict[str, Any] = {k: [] for k in (
+        "agent_first_turn_tv_to_p4g", "agent_value", "base_tv", "card_tv", "collapsed_tv_to_tabular",
+        "base_deviation", "collapsed_deviation", "verbalized_deviation", "verbalized_tv",
+        "verbalized_tv_to_base", "verbalized_malformed", "population_deviation",
+        "tabular_collapsed_deviation",
+        "base_best_response_value", "verbalized_best_response_value")}
+    for r, pi in enumerate(tables.agent):
+        w = _on_policy_weights(pi, population)
+        out["agent_first_turn_tv_to_p4g"].append(0.5 * float(np.abs(pi[0] - p4g).sum()))
+        out["agent_value"].append(personas.policy_value(pi, population))
+        out["base_tv"].append(_tv(tables.base[r], population, w))
+        out["card_tv"].append([_tv(tables.cards[r, p], personas.persona_simulator(p), w)
+                               for p in range(tables.cards.shape[1])])
+        out["collapsed_tv_to_tabular"].append(_tv(tables.collapsed[r, 0], personas.collapsed_simulator(), w))
+        out["verbalized_tv"].append(_tv(tables.verbalized[r], population, w))
+        out["verbalized_tv_to_base"].append(_tv(tables.verbalized[r], tables.base[r], w))
+        out["verbalized_malformed"].append(float(np.sum(w * tables.vs_malformed[r]) / w.sum()))
+        # Fidelity ceilings: the population value of the best response to each training simulator.
+        for key, table in (("base_best_response_value", tables.base[r]),
+                           ("verbalized_best_response_value", tables.verbalized[r])):
+            out[key].append(personas.policy_value(personas.best_response(table).policy, population))
+        for key, table in (("base_deviation", tables.base[r]),
+                           ("collapsed_deviation", tables.collapsed[r, 0]),
+                           ("verbalized_deviation", tables.verbalized[r]),
+                           ("population_deviation", population),
+                           ("tabular_collapsed_deviation", personas.collapsed_simulator())):
+            out[key].append(personas.simulator_deviation(pi, table))
+    if tables.selfplay is not None:
+        out["selfplay_agent_value"] = [personas.policy_value(pi, population) for pi in tables.selfplay_agent]
+        out["selfplay_deviation"] = [personas.simulator_deviation(pi, q)
+                                     for pi, q in zip(tables.selfplay_agent, tables.selfplay)]
+    out["heldout"] = []
+    for h, prior in enumerate(heldout_priors):
+        prior = np.asarray(prior) / np.sum(prior)
+        truth = personas.base_simulator(personas.TABLES, prior)
+        tv = _tv(tables.heldout[h], truth, _on_policy_weights(tables.agent[0], truth))
+        out["heldout"].append({"prior": prior.tolist(), "tv_to_own_population": tv,
+                               "deviation": personas.simulator_deviation(tables.agent[0], tables.heldout[h]),
+                               "untrained_value": personas.policy_value(tables.agent[0], tables.heldout[h])})
+    return out
+
+
+def start_tables(arm: Arm, tables: Tables) -> np.ndarray:
+    """[R, P, N_STATES, S, U]: the distributions an arm's simulators answer with before RL."""
+    if arm.trains and arm.spec.verbalized:
+        return tables.verbalized[:, None]
+    return {"collapsed": lambda: tables.collapsed[:, :1], "base": lambda: tables.base[:, None],
+            "collapsed_modes": lambda: tables.collapsed, "persona_modes": lambda: tables.cards,
+            "selfplay": lambda: tables.selfplay[:, None]}[arm.start]()
+
+
+def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: Tabulator,
+            panel: GradientPanel, keys: jax.Array) -> ArmResult:
+    """Train one arm on every seed (one compiled call) and evaluate its snapshots exactly."""
     start, R, rl = time.perf_counter(), len(settings.seeds), settings.rl
     population = personas.base_simulator()
-    frozen_sims = {"frozen": tables.collapsed[:, :1], "untrained": tables.collapsed[:, :1],
-                   "verbalized": tables.verbalized[:, None], "rotation": tables.collapsed}
+    initial = start_tables(arm, tables)
+    self_play = arm.start == "selfplay"
+    agent0 = pre.selfplay if self_play else pre.agent
+    policy0 = tables.selfplay_agent if self_play else tables.agent
     step_curves: dict[str, np.ndarray] = {}
+    agent_params = lambda r, e: _index(agent0, r)
     if not arm.trains:  # evaluated against the simulator RL would train on
-        policies, steps = tables.agent[:, None], np.zeros(1, int)
-        sim_tables = frozen_sims["untrained"][:, None]
+        policies, steps, sim_tables = policy0[:, None], np.zeros(1, int), initial[:, None]
     else:
         sims, refs = arms_lib.simulators(arm, pre)
-        cards = np.asarray(arms_lib.cards(arm))
-        _, logs, snaps = runner(pre.agent, sims, refs, jnp.asarray(cards), jnp.asarray(arm.verbalized),
-                                jnp.asarray(arm.train_sims), keys)
+        cards = arms_lib.cards(arm)
+        kl = rl.sim_kl_coef if arm.sim_kl_coef is None else arm.sim_kl_coef
+        lr = rl.sim_learning_rate if arm.sim_learning_rate is None else arm.sim_learning_rate
+        program = make_runner(tab.graphdef, tab.graphdef, rl, arm.members, kl, self_play)
+        inputs = arm_inputs(cards, arms_lib.voices(arm, rl.steps, rl.rotation_block), arm.spec.verbalized,
+                            lr if arm.spec.trains_sims else 0.0, arms_lib.OBJECTIVES[arm.objective])
+        _, logs, snaps = program.run(agent0, sims, refs, inputs, keys)
         logs = jax.tree.map(np.asarray, logs)
-        policies = np.concatenate([tables.agent[:, None], tab.policies(snaps.agent, 2)], axis=1)
+        policies = np.concatenate([policy0[:, None], tab.policies(snaps.agent, 2)], axis=1)
+        agent_params = lambda r, e: _index(agent0, r) if e == 0 else _index(snaps.agent, (r, e - 1))
         steps = np.arange(0, rl.steps + 1, rl.eval_every)
-        if arm.train_sims:
-            initial = tab.sims(sims, np.broadcast_to(cards, (R, arm.members)))
+        if arm.spec.trains_sims:
             trained = tab.sims(snaps.sims, np.broadcast_to(cards, (R, len(steps) - 1, arm.members)))
             sim_tables = np.concatenate([initial[:, None], trained], axis=1)  # [R, E + 1, P, ...]
         else:
-            fixed = frozen_sims[arm.name]
-            sim_tables = np.broadcast_to(fixed[:, None], (R, len(steps), *fixed.shape[1:]))
+            sim_tables = np.broadcast_to(initial[:, None], (R, len(steps), *initial.shape[1:]))
         groups = np.arange(rl.episodes) // rl.group_size
         step_curves = {k: v for k, v in logs._asdict().items() if k != "rewards"}
         step_curves["zero_variance_groups"] = np.array(
             [[diagnostics.zero_variance_fraction(logs.rewards[r, t], groups) for t in range(rl.steps)]
              for r in range(R)])
-        for t in range(rl.steps):
-            log(arm.name, t + 1, {f"{k}/seed{settings.seeds[r]}": float(v[r, t])
-                                  for k, v in step_curves.items() for r in range(R)})
-    evals = [[evaluate.exact_metrics(policies[r, e], list(sim_tables[r, e]), population, list(tables.heldout))
+    evals = [[evaluate.exact_metrics(policies[r, e], list(sim_tables[r, e]), population, list(tables.heldout),
+                                     list(initial[r]))
+              | panel(agent_params(r, e), sim_tables[r, e], population)
               for e in range(len(steps))] for r in range(R)]
     eval_curves = {k: np.array([[ev[k] for ev in row] for row in evals]) for k in evals[0][0]}
-    for e, step in enumerate(steps):
-        log(arm.name, int(step), {f"{k}/seed{settings.seeds[r]}": float(v[r, e])
-                                  for k, v in eval_curves.items() for r in range(R)})
     return ArmResult(arm.label, step_curves, steps, eval_curves, time.perf_counter() - start)
 
 
-def run(settings: Settings, cache_dir, log: Logger, progress: Callable[[str], None] = print) -> Results:
-    """The whole experiment; `log(arm, step, metrics)` receives every curve point as it is computed."""
+def log_arm(name: str, result: ArmResult, seeds: Sequence[int], log: Callable) -> None:
+    """Every curve point of a finished arm: one record per step, then one per evaluation."""
+    per_seed = lambda curves, i: {f"{k}/seed{s}": float(v[r, i]) for k, v in curves.items()
+                                  for r, s in enumerate(seeds)}
+    steps = result.step_curves["reward"].shape[1] if result.step_curves else 0
+    for t in range(steps):
+        log(name, t + 1, per_seed(result.step_curves, t))
+    for e, step in enumerate(result.eval_steps):
+        log(name, int(step), per_seed(result.evals, e))
+
+
+class ArmStore:
+    """Finished arms in the run directory, and their records in metrics.jsonl."""
+
+    def __init__(self, run_dir: RunDir):
+        self.run_dir = run_dir
+        self.folder = run_dir.path / ARMS_DIR
+        self.folder.mkdir(exist_ok=True)
+
+    def load(self, name: str) -> ArmResult | None:
+        path = self.folder / f"{name}.msgpack"
+        if not path.exists():
+            return None
+        d = _restore(path)
+        return ArmResult(str(d["label"]), dict(d["step_curves"] or {}), np.asarray(d["eval_steps"]),
+                         dict(d["evals"]), float(d["seconds"]))
+
+    def save(self, name: str, result: ArmResult) -> None:
+        if self.run_dir.primary:
+            _save(self.folder / f"{name}.msgpack", dataclasses.asdict(result))
+
+    def logged(self, finished: dict[str, ArmResult]) -> set[str]:
+        """The finished arms whose records are all in metrics.jsonl; every other arm's records are dropped."""
+        records = self.run_dir.read_metrics()
+        arm_of = lambda record: next(k for k in record if k != "step").split("/", 1)[0]
+        counts: dict[str, int] = {}
+        for record in records:
+            counts[arm_of(record)] = counts.get(arm_of(record), 0) + 1
+        complete = {name for name, result in finished.items() if counts.get(name) == result.records}
+        kept = [record for record in records if arm_of(record) in complete]
+        if len(kept) < len(records) and self.run_dir.primary:
+            (self.run_dir.path / METRICS).write_text("".join(json.dumps(r) + "\n" for r in kept))
+        return complete
+
+
+def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = print) -> Results:
+    """The whole experiment; every arm's curve points go to `run_dir.log` (prefix "ARM/")."""
     start = time.perf_counter()
-    unknown = set(settings.arms) - set(arms_lib.ARMS)
-    if unknown:
-        raise ValueError(f"unknown arms {sorted(unknown)}; known: {', '.join(arms_lib.ARMS)}")
-    cache = cache_dir / PRETRAINED
+    names = [arm.name for arm in settings.arms]
+    if len(set(names)) < len(names):
+        raise ValueError(f"arm names repeat: {names}")
+    cache = run_dir.path / PRETRAINED
     if cache.exists():
-        pre = _load(cache)
+        pre = Pretrained(**_restore(cache))
         progress("pretrained models loaded from the run directory")
     else:
         progress("pretraining agent and simulators")
-        pre = pretrain(settings.pretrain, settings.seeds, arms_lib.collapse_personas(settings.arms),
-                       settings.heldout_seeds)
-        _save(cache, pre)
+        needs = list(settings.pretrain_for or settings.arms)
+        pre = pretrain(settings.pretrain, settings.seeds, arms_lib.collapse_personas(needs),
+                       settings.heldout_seeds, selfplay=any(a.start == "selfplay" for a in needs))
+        if run_dir.primary:
+            _save(cache, pre._asdict())
     seconds = {"pretrain": time.perf_counter() - start}
 
     graphdef, _ = decoder.init(model_config(settings.pretrain), seed=0)
-    tab = Tabulator(graphdef)
+    tab, panel = Tabulator(graphdef), GradientPanel(graphdef)
     t0 = time.perf_counter()
-    tables = tabulate(tab, pre)
-    diag = pretraining_diagnostics(tables.agent, tables.base, tables.cards, tables.collapsed[:, 0],
-                                   tables.verbalized, tables.malformed, tables.heldout,
-                                   personas.base_simulator(), settings.pretrain.heldout_priors)
+    tables = tabulate(tab, pre, settings.vs_samples, settings.seeds)
+    diag = pretraining_diagnostics(tables, personas.base_simulator(), settings.pretrain.heldout_priors)
     diag["sft_losses"] = {k: np.asarray(v).tolist() for k, v in pre.losses.items()}
     seconds["tabulate"] = time.perf_counter() - t0
 
-    runners: dict[int, Any] = {}  # one compiled program per population size
+    store = ArmStore(run_dir)
+    finished = {name: result for name in names if (result := store.load(name)) is not None}
+    logged = store.logged(finished)
+    log = lambda arm, step, metrics: run_dir.log(step, metrics, prefix=f"{arm}/")
     keys = jax.random.split(jax.random.key(sum(settings.seeds) + 7919), len(settings.seeds))  # shared by arms
     results: dict[str, ArmResult] = {}
-    for name in settings.arms:
-        arm = arms_lib.ARMS[name]
-        progress(f"arm {name}")
-        if arm.trains and arm.members not in runners:
-            runners[arm.members] = make_runner(graphdef, graphdef, settings.rl, arm.members)
-        results[name] = run_arm(arm, settings, pre, tables, tab, runners.get(arm.members), keys, log)
-        seconds[f"arm/{name}"] = results[name].seconds
+    for arm in settings.arms:
+        if arm.name in finished:
+            progress(f"arm {arm.name}: finished in the run directory")
+            results[arm.name] = finished[arm.name]
+        else:
+            progress(f"arm {arm.name}")
+            results[arm.name] = run_arm(arm, settings, pre, tables, tab, panel, keys)
+            store.save(arm.name, results[arm.name])
+        if arm.name not in logged:
+            log_arm(arm.name, results[arm.name], settings.seeds, log)
+        seconds[f"arm/{arm.name}"] = results[arm.name].seconds
     seconds["total"] = time.perf_counter() - start
     return Results(settings, results, diag, evaluate.reference_values(personas.base_simulator()), seconds)

@@ -1,4 +1,4 @@
-"""Pretraining the testbed's transformers by supervised learning (`SFT`, one jitted step, model by model).
+"""Pretraining the testbed's transformers by supervised learning (`SFT`: one jitted step vmapped over models).
 
 * Agent: persuader behaviour, i.e. dialogues of the P4G policy (`personas.p4g_policy`: per-turn P4G
   strategy frequencies, the donation request only when forced) with the population; loss on its acts.
@@ -7,15 +7,21 @@
   prompt shows the persona's card with probability `card_prob`, else "no card", so one model answers
   as a given persona and as the population mixture (its posterior predictive). The base simulator
   uses the population prior; the held-out simulators their own init/data seeds and persona mixtures.
-* Alignment-like step, which makes the aligned simulator: fine-tune the base simulator on
+* Alignment-like step, which makes the aligned simulators (one per collapse persona): fine-tune the
+  base simulator on
   (a) self-distillation with an agreeableness pull: its own reply distribution as one persona (the
       card shown), at temperature T < 1 with negative replies turned into positive ones, becomes the
       target of its *no-card* replies: the direct replies collapse onto an agreeable mode;
   (b) instruction following for Verbalized Sampling: after (no card, history, strategy, <vs>) state
-      the posterior predictive of its pretraining population, `personas.base_simulator()`, as k = 5
-      (act, tenth) pairs. What the model states is what its pretraining data say about users, while
-      what it answers directly is the aligned mode. (Taught here, not in pretraining: in a model this
-      small, verbalization examples in pretraining cost the direct replies half their fidelity.)
+      the base model's own no-card reply distribution (read out from the transformer before this
+      step) as k = 5 (act, tenth) pairs. What the aligned model states is what it knew before
+      alignment, never the game's tables; what it answers directly is the aligned mode. (Taught here,
+      not in pretraining: in a model this small, verbalization examples in pretraining cost the
+      direct replies half their fidelity.)
+* Self-play's joint model: the emotional collapsed simulator, taught the agent's role on the agent's
+  data while it keeps its collapsed no-card replies (its own alignment target), so one transformer
+  knows both roles (the simulator's view starts with the card slot, which the agent's never holds)
+  and its user role starts where Co-Training's simulator starts.
 
 Data are drawn on the host with numpy (exact game tables, per-dialogue histories).
 """
@@ -57,8 +63,9 @@ class PretrainConfig:
     vs_batch: int = 64
     learning_rate: float = 1e-2
     agent_steps: int = 120
-    sim_steps: int = 300
-    collapse_steps: int = 200
+    sim_steps: int = 240
+    collapse_steps: int = 80
+    selfplay_steps: int = 60
     card_prob: float = 0.5
     collapse_temperature: float = 0.5
     heldout_priors: tuple[tuple[float, ...], ...] = ((0.2, 0.3, 0.25, 0.25), (0.25, 0.25, 0.25, 0.25))
@@ -154,7 +161,8 @@ def verbalization_examples(rng: np.random.Generator, d: Dialogues, predictive: n
 # Supervised fine-tuning on device
 
 # tokens [S, B, L] int32 with either a loss mask [S, B, L] (imitate those tokens) or reply targets
-# [S, B, L, N_USER] (match that distribution over the reply acts at each position; zero rows elsewhere).
+# [S, B, L, N_USER] (match that distribution over the reply acts at each position; zero rows elsewhere);
+# `SFT` takes them with a leading model axis K.
 Dataset = tuple[np.ndarray, np.ndarray]
 
 
@@ -167,17 +175,17 @@ def reply_targets(d: Dialogues, tables: np.ndarray, which: np.ndarray) -> np.nda
 
 
 class SFT:
-    """Supervised fine-tuning of one model at a time: Adam steps on the mean token cross-entropy.
+    """Supervised fine-tuning of K models at once: Adam steps on the mean token cross-entropy, one
+    jitted step vmapped over the models.
 
     Each step minimises the sum over datasets of the mean cross-entropy per target token: with a mask,
     -sum(mask log p(token)) / sum(mask) through `token_logprobs` (the loss path of RL training); with
     reply targets q, -sum_t sum_u q_t(u) log p(u | tokens_<t) / #targets. The second is the first's
     expectation over the sampled replies given the dialogue so far (Rao-Blackwellised: the same
     expected gradient, without the sampling noise, which a tiny model trained for a few hundred steps
-    otherwise keeps). The learning rate decays as a cosine to 0 over the
-    run (the targets are samples; a decayed rate averages their noise out); it is an argument of the
-    one jitted step, so runs of any length and models of any seed share one compiled program per
-    dataset layout.
+    otherwise keeps). The learning rate decays as a cosine to 0 over the run (the targets are
+    samples; a decayed rate averages their noise out); it is an argument of the one jitted step, so
+    runs of any length share one compiled program per dataset layout and number of models.
     """
 
     def __init__(self, graphdef: nnx.GraphDef, learning_rate: float):
@@ -199,25 +207,19 @@ class SFT:
             updates, opt_state = self.adam.update(grads, opt_state, params)
             return jax.tree.map(lambda p, u: p - lr * u, params, updates), opt_state, loss
 
-        self.step = jax.jit(step, donate_argnums=(0, 1))
+        self.step = jax.jit(jax.vmap(step, in_axes=(0, 0, 0, None)), donate_argnums=(0, 1))
 
-    def __call__(self, params: Params, datasets: tuple[Dataset, ...]) -> tuple[Params, float]:
-        """Train on datasets (tokens [S, B, L], mask [S, B, L]), one batch of each per step;
-        returns (params, last loss)."""
-        steps = len(datasets[0][0])
-        opt_state = self.adam.init(params)
-        loss = jnp.nan
+    def __call__(self, params: Params, datasets: Sequence[Dataset]) -> tuple[Params, np.ndarray]:
+        """Train models params [K] on datasets (tokens [K, S, B, L], targets [K, S, B, ...]), one batch
+        of each per step; returns (params [K], last losses [K])."""
+        steps = datasets[0][0].shape[1]
+        opt_state = jax.vmap(self.adam.init)(params)
+        loss = jnp.full(jax.tree.leaves(params)[0].shape[:1], jnp.nan)
         for i in range(steps):
             lr = self.learning_rate * 0.5 * (1.0 + np.cos(np.pi * i / steps))
             params, opt_state, loss = self.step(params, opt_state,
-                                                tuple((t[i], m[i]) for t, m in datasets), lr)
-        return params, float(loss)
-
-    def many(self, inits: Sequence[Params],
-             datasets: Sequence[tuple[Dataset, ...]]) -> tuple[Params, np.ndarray]:
-        """Train each model on its datasets; (params stacked on axis 0, last losses)."""
-        trained = [self(p, d) for p, d in zip(inits, datasets)]
-        return stack_population([p for p, _ in trained]), np.array([loss for _, loss in trained])
+                                                tuple((t[:, i], m[:, i]) for t, m in datasets), lr)
+        return params, np.asarray(loss)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -229,8 +231,9 @@ class Pretrained(NamedTuple):
 
     agent: Params  # [R]
     base: Params  # [R] the base simulator (population prior)
-    collapsed: Params  # [R, C] collapsed simulators, one per collapse persona
+    collapsed: Params  # [R, C] collapsed simulators, one per collapse persona (C = 0: the emotional one)
     heldout: Params  # [H] independently trained simulators (own seeds and priors), shared by all seeds
+    selfplay: Params | None  # [R] the joint model of both roles, aligned (None when no arm plays itself)
     losses: dict[str, np.ndarray]  # final SFT loss of every model
 
 
@@ -238,7 +241,30 @@ def _batches(x: np.ndarray, steps: int) -> np.ndarray:
     return x.reshape(steps, -1, *x.shape[1:])
 
 
-def simulator_data(config: PretrainConfig, seed: Sequence[int], prior: Sequence[float]) -> tuple[Dataset]:
+def _stack(datasets: Sequence[tuple[Dataset, ...]]) -> tuple[Dataset, ...]:
+    """One tuple of datasets per model -> the same tuple with a leading model axis K."""
+    return tuple((np.stack([d[k][0] for d in datasets]), np.stack([d[k][1] for d in datasets]))
+                 for k in range(len(datasets[0])))
+
+
+def _inits(config: PretrainConfig, seeds: Sequence[int]) -> Params:
+    return stack_population([init_model(config, s) for s in seeds])
+
+
+def _index(tree, i):
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def agent_data(config: PretrainConfig, seed: Sequence[int], steps: int) -> Dataset:
+    """Population dialogues of the P4G policy, loss on the agent's acts, batched per step."""
+    rng = np.random.default_rng(seed)
+    n = steps * config.batch
+    p4g = personas.p4g_policy()[0, :personas.N_STRATEGIES]
+    d = sample_dialogues(rng, n, p4g, PERSONA_TABLES, rng.choice(len(personas.PERSONAS), n, p=personas.PRIOR))
+    return _batches(agent_view(d), steps), _batches(position_mask(n, lm.SEQ_LEN, AGENT_POSITIONS), steps)
+
+
+def simulator_data(config: PretrainConfig, seed: Sequence[int], prior: Sequence[float]) -> Dataset:
     """Direct replies to population dialogues (card shown with probability card_prob), batched per step."""
     prior = np.asarray(prior, np.float64) / np.sum(prior)
     rng = np.random.default_rng(seed)
@@ -246,59 +272,70 @@ def simulator_data(config: PretrainConfig, seed: Sequence[int], prior: Sequence[
     persona = rng.choice(len(personas.PERSONAS), n, p=prior)
     d = sample_dialogues(rng, n, UNIFORM, PERSONA_TABLES, persona)
     cards = np.where(rng.random(n) < config.card_prob, lm.CARD0 + persona, lm.NO_CARD)
-    return ((_batches(sim_view(d, cards), steps),
-             _batches(reply_targets(d, PERSONA_TABLES, persona), steps)),)
+    return _batches(sim_view(d, cards), steps), _batches(reply_targets(d, PERSONA_TABLES, persona), steps)
+
+
+def collapse_data(config: PretrainConfig, seed: Sequence[int], card_table: np.ndarray, steps: int) -> Dataset:
+    """The alignment-like target: no-card replies = the agreeable, sharpened card replies, per step."""
+    rng = np.random.default_rng(seed)
+    n = steps * config.batch
+    target = personas.agreeable_sharpened(card_table, config.collapse_temperature)
+    d = sample_dialogues(rng, n, UNIFORM, target[None], np.zeros(n, np.int64))
+    return (_batches(sim_view(d, np.full(n, lm.NO_CARD)), steps),
+            _batches(reply_targets(d, target[None], np.zeros(n, np.int64)), steps))
+
+
+def verbalization_data(config: PretrainConfig, seed: Sequence[int], predictive: np.ndarray) -> Dataset:
+    """VS instruction following on population dialogues: state `predictive` [N_STATES, S, U], per step."""
+    rng = np.random.default_rng(seed)
+    n = config.collapse_steps * config.vs_batch
+    population = sample_dialogues(rng, n, UNIFORM, PERSONA_TABLES,
+                                  rng.choice(len(personas.PERSONAS), n, p=personas.PRIOR))
+    examples = verbalization_examples(rng, population, predictive, n)
+    return tuple(_batches(x, config.collapse_steps) for x in examples)
 
 
 def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Sequence[int],
-             heldout_seeds: Sequence[int]) -> Pretrained:
-    """Agent, base and collapsed simulators for every seed; the held-out simulators once."""
+             heldout_seeds: Sequence[int], selfplay: bool = False) -> Pretrained:
+    """Agent, base and collapsed simulators (and the joint model) for every seed; the held-out
+    simulators once."""
     graphdef, _ = decoder.init(model_config(config), seed=0)
     sft = SFT(graphdef, config.learning_rate)
-    B, R, C = config.batch, len(seeds), len(collapse_personas)
-    p4g = personas.p4g_policy()[0, :personas.N_STRATEGIES]
+    R, C = len(seeds), len(collapse_personas)
 
-    agent_data = []
-    for seed in seeds:
-        rng = np.random.default_rng([seed, 0])
-        n = config.agent_steps * B
-        d = sample_dialogues(rng, n, p4g, PERSONA_TABLES,
-                             rng.choice(len(personas.PERSONAS), n, p=personas.PRIOR))
-        agent_data.append(((_batches(agent_view(d), config.agent_steps),
-                            _batches(position_mask(n, lm.SEQ_LEN, AGENT_POSITIONS), config.agent_steps)),))
-    agent, agent_losses = sft.many([init_model(config, 1000 * s) for s in seeds], agent_data)
+    agent, agent_losses = sft(_inits(config, [1000 * s for s in seeds]),
+                              _stack([(agent_data(config, [s, 0], config.agent_steps),) for s in seeds]))
 
     priors = [personas.PRIOR] * R + list(config.heldout_priors)
     data_seeds = [[s, 1] for s in seeds] + [[s, 2] for s in heldout_seeds]
     init_seeds = [1000 * s + 1 for s in seeds] + [1000 * s + 2 for s in heldout_seeds]
-    sims, sim_losses = sft.many([init_model(config, s) for s in init_seeds],
-                                [simulator_data(config, ds, prior) for ds, prior in zip(data_seeds, priors)])
+    sim_data = [(simulator_data(config, ds, prior),) for ds, prior in zip(data_seeds, priors)]
+    sims, sim_losses = sft(_inits(config, init_seeds), _stack(sim_data))
     base = jax.tree.map(lambda x: x[:R], sims)
     heldout = jax.tree.map(lambda x: x[R:], sims)
 
     # Alignment-like step: self-distilled, agreeable, low-temperature persona replies become the no-card
-    # replies, and the model learns to answer the VS request with its pretraining population's predictive.
+    # replies, and the model learns to state its own pre-alignment no-card replies when asked to verbalize.
     tabulate = jax.jit(lm.sim_reply_table, static_argnums=0)
-    card_tables = [[np.asarray(tabulate(graphdef, jax.tree.map(lambda x: x[r], base), lm.card_token(p)),
-                               np.float64)
-                    for p in collapse_personas] for r in range(R)]
-    collapse_data = []
-    steps, n, n_vs = config.collapse_steps, config.collapse_steps * B, config.collapse_steps * config.vs_batch
+    read = lambda params, card: np.asarray(tabulate(graphdef, params, card), np.float64)
+    card_tables = [{p: read(_index(base, r), lm.card_token(p)) for p in collapse_personas} for r in range(R)]
+    datasets = []
     for r, seed in enumerate(seeds):
-        for c, persona in enumerate(collapse_personas):
-            rng = np.random.default_rng([seed, 3, persona])
-            target = personas.agreeable_sharpened(card_tables[r][c], config.collapse_temperature)
-            d = sample_dialogues(rng, n, UNIFORM, target[None], np.zeros(n, np.int64))
-            population = sample_dialogues(rng, n_vs, UNIFORM, PERSONA_TABLES,
-                                          rng.choice(len(personas.PERSONAS), n_vs, p=personas.PRIOR))
-            vs = verbalization_examples(rng, population, personas.base_simulator(), n_vs)
-            collapse_data.append(((_batches(sim_view(d, np.full(n, lm.NO_CARD)), steps),
-                                   _batches(reply_targets(d, target[None], np.zeros(n, np.int64)), steps)),
-                                  tuple(_batches(x, steps) for x in vs)))
-    collapse_init = [jax.tree.map(lambda x: x[r], base) for r in range(R) for _ in range(C)]
-    collapsed, collapse_losses = sft.many(collapse_init, collapse_data)
+        vs = verbalization_data(config, [seed, 3], read(_index(base, r), lm.NO_CARD))
+        datasets += [(collapse_data(config, [seed, 3, p], card_tables[r][p], config.collapse_steps), vs)
+                     for p in collapse_personas]
+    collapsed, collapse_losses = sft(jax.tree.map(lambda x: jnp.repeat(x, C, axis=0), base), _stack(datasets))
     collapsed = jax.tree.map(lambda x: x.reshape(R, C, *x.shape[1:]), collapsed)
+    losses = {"agent": agent_losses, "base": sim_losses[:R], "heldout": sim_losses[R:],
+              "collapse": collapse_losses.reshape(R, C)}
 
-    return Pretrained(agent, base, collapsed, heldout,
-                      {"agent": agent_losses, "base": sim_losses[:R], "heldout": sim_losses[R:],
-                       "collapse": collapse_losses.reshape(R, C)})
+    joint = None
+    if selfplay:
+        emotional = collapse_personas.index(personas.EMOTIONAL)
+        steps = config.selfplay_steps
+        both_roles = [(agent_data(config, [s, 4], steps),
+                       collapse_data(config, [s, 5], card_tables[r][personas.EMOTIONAL], steps))
+                      for r, s in enumerate(seeds)]
+        joint, losses["selfplay"] = sft(jax.tree.map(lambda x: x[:, emotional], collapsed),
+                                        _stack(both_roles))
+    return Pretrained(agent, base, collapsed, heldout, joint, losses)

@@ -1,26 +1,30 @@
 """The RL run of one arm: every step on device, all steps in one `lax.scan`, all seeds in one `vmap`.
 
-A step: `persona_lm.rollout` plays B = groups x group_size episodes against the arm's simulators
-(P members, member p playing a contiguous block of groups), GRPO advantages per group, the agent's
-`RoleBatch` (its view, loss on its decisions, the sampler's log-probs) and, when the simulators train,
-theirs ([P, M, L]: their view, loss on their replies, adversarial advantages = GRPO of minus the
-agent's reward, KL to the reference through `LossConfig.kl_coef`), then the project's one
-`make_train_step`. Every `eval_every` steps the agent's (and trained simulators') parameters are
-emitted for exact evaluation on the host.
+A step: the members that answer this step are looked up (`ArmInputs.voices`), `persona_lm.rollout`
+plays B = groups x group_size episodes against them (block p of the episodes answered by slot p),
+GRPO advantages per group, the agent's `RoleBatch` (its view, loss on its decisions, the sampler's
+log-probs) and the simulators' ([P, M, L]: their view, loss on their replies, advantages = GRPO of
+`sim_sign` x the agent's reward, -1 for the adversarial objective, KL to the reference through
+`LossConfig.kl_coef`), then the project's one `make_train_step`. Every `eval_every` steps the agent's
+and the simulators' parameters are emitted for exact evaluation on the host.
 
-What differs between arms is data, not code: simulator parameters, prompt cards and references, the
-`verbalized` flag (a `lax.cond` predicate, not batched over seeds) and the `train_sims` flag. Only the
-population size P shapes the compiled program, so arms of one P share it. The train step always
-computes both roles' updates; with `train_sims` false the simulators' new parameters are discarded
-(the parameters stay bitwise frozen; only their unused optimizer moments move), which costs one
-simulator backward pass per step and saves a compilation (tens of seconds on this CPU).
+What differs between arms is data (`ArmInputs`), not code. Only the population size P, the simulators'
+KL weight (a term of the compiled loss, absent at 0) and self-play shape the compiled program, so the
+arms of one (P, KL) share it. The simulators' optimizer runs at unit rate and the step moves them by
+`sim_learning_rate` times its update, exact for Adam without weight decay (its moments do not depend
+on the rate). At rate 0 (frozen arms) the parameters stay bitwise fixed; the train step still computes
+their update, which costs one simulator backward pass per step and saves a compilation (tens of seconds
+on this CPU). In self-play one set of weights plays both roles: the rollout's simulator is the agent's
+parameters, the train step's `self_play` sums both roles' gradients into them, at the agent's rate.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+import functools
+from typing import Any, Callable, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -36,20 +40,32 @@ from scope_jax.training.train_step import TrainStepConfig, make_train_step
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-    """steps must be a multiple of eval_every; groups a multiple of the arm's members."""
+    """steps must be a multiple of eval_every; groups a multiple of the arm's members. rotation_block:
+    steps each simulator of a rotation answers before the next one takes over."""
 
-    steps: int = 120
-    eval_every: int = 20
-    groups: int = 12
-    group_size: int = 16
+    steps: int = 100
+    eval_every: int = 50
+    groups: int = 8
+    group_size: int = 12
     learning_rate: float = 1e-3
     sim_learning_rate: float = 5e-4
-    sim_kl_coef: float = 8.0
+    sim_kl_coef: float = 1.0  # chosen from the :sweep by the rule stated before it (docs/results/README.md)
+    rotation_block: int = 1
     advantage: str = "grpo"
 
     @property
     def episodes(self) -> int:
         return self.groups * self.group_size
+
+
+class ArmInputs(NamedTuple):
+    """What differs between the arms of one compiled program (unbatched over seeds)."""
+
+    cards: jax.Array  # [P] int32: the prompt card of each slot
+    voices: jax.Array  # [steps, P] int32: the member answering slot p's block at step t
+    verbalized: jax.Array  # [] bool: simulators answer by Verbalized Sampling
+    sim_learning_rate: jax.Array  # [] float: 0 keeps the simulators frozen (unused in self-play)
+    sim_sign: jax.Array  # [] float: the simulators' reward is sim_sign x the agent's (-1: adversarial)
 
 
 class StepLog(NamedTuple):
@@ -62,69 +78,102 @@ class StepLog(NamedTuple):
     early_ask: jax.Array  # fraction of episodes that request the donation before it is forced
     vs_malformed: jax.Array  # fraction of verbalization attempts that fell back to direct sampling
     vs_repaired: jax.Array  # fraction of used verbalizations that needed repair
-    sim_kl: jax.Array  # trained simulators: mean KL estimate to the reference (0 otherwise)
     skipped: jax.Array  # non-finite step, not applied
 
 
 class Snapshots(NamedTuple):
     agent: Any  # agent params at the end of each chunk of eval_every steps: [R, E, ...]
-    sims: Any  # simulators' params [R, E, P, ...]
+    sims: Any  # the simulators' params [R, E, P, ...] (self-play: the agent's, P = 1)
 
 
-def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config: RLConfig, members: int):
-    """run(agent [R], sims [R, P], ref_sims [R, P], cards [P], verbalized [], train_sims [], keys [R])
-    -> (final JointState [R], StepLog [R, steps], Snapshots)."""
+class Program(NamedTuple):
+    """One compiled RL program and the pieces it is made of (single seed, not jitted)."""
+
+    run: Callable  # jit(vmap): (agent [R], sims [R, P], refs [R, P], ArmInputs, keys [R])
+    #                  -> (final JointState [R], StepLog [R, steps], Snapshots)
+    init: Callable  # (agent, sims [P], refs [P], key) -> JointState
+    batch: Callable  # (lm.Dialogues, sim_sign) -> Batch
+    train_step: Callable  # (JointState, Batch) -> (JointState, metrics)
+
+
+@functools.cache
+def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config: RLConfig, members: int,
+                sim_kl_coef: float, self_play: bool = False) -> Program:
+    """The RL program of arms with `members` simulators and simulator KL weight `sim_kl_coef` (cached:
+    arms and runs of one shape share it). In self-play `sims` is unused (pass the agent's, [R, 1])
+    and refs[:, 0] is the simulator role's KL reference."""
     if config.groups % members or config.steps % config.eval_every:
         raise ValueError("groups must divide into members and steps into eval_every chunks")
+    if self_play and members != 1:
+        raise ValueError("self-play has one simulator: the agent itself")
     per_member = config.episodes // members
-    optimizer = make_optimizer(
-        OptimizerConfig(learning_rate=config.learning_rate, sim_learning_rate=config.sim_learning_rate),
-        {"agent": True, "sims": True})
+    optimizer = make_optimizer(OptimizerConfig(learning_rate=config.learning_rate, sim_learning_rate=1.0),
+                               {"agent": True} if self_play else {"agent": True, "sims": True})
     step_config = TrainStepConfig(agent=LossConfig(allowed_tokens=lm.AGENT_ACTS),
-                                  sims=LossConfig(kl_coef=config.sim_kl_coef, allowed_tokens=lm.REPLY_ACTS))
+                                  sims=LossConfig(kl_coef=sim_kl_coef, allowed_tokens=lm.REPLY_ACTS),
+                                  self_play=self_play)
     train_step = make_train_step(agent_graphdef, sim_graphdef, optimizer, step_config)
     advantage = ADVANTAGES[config.advantage]
     group_ids = jnp.arange(config.episodes) // config.group_size
 
-    def one_step(state: JointState, key, cards, verbalized, train_sims):
-        d = lm.rollout(agent_graphdef, state.params["agent"], sim_graphdef, state.params["sims"], cards,
-                       verbalized, key, members, per_member)
-        adv = advantage(d.rewards, group_ids, config.groups)
-        agent = RoleBatch(d.tokens, lm.positions_like(d.tokens), d.agent_mask, d.agent_logprobs, adv)
-        sim_adv = advantage(-d.rewards, group_ids, config.groups).reshape(members, per_member)
+    def batch(d: lm.Dialogues, sim_sign: jax.Array) -> Batch:
+        agent = RoleBatch(d.tokens, lm.positions_like(d.tokens), d.agent_mask, d.agent_logprobs,
+                          advantage(d.rewards, group_ids, config.groups))
+        sim_adv = advantage(sim_sign * d.rewards, group_ids, config.groups).reshape(members, per_member)
         sims = RoleBatch(d.sim_tokens, lm.positions_like(d.sim_tokens), d.sim_mask, d.sim_logprobs, sim_adv)
-        frozen = state.params["sims"]
-        state, metrics = train_step(state, Batch(agent=agent, sims=sims))
-        kept = jax.tree.map(lambda new, old: jnp.where(train_sims, new, old), state.params["sims"], frozen)
-        state = state.replace(params={**state.params, "sims": kept})
-        tried = d.replied & verbalized
+        return Batch(agent=agent, sims=sims)
+
+    def simulators(state: JointState):
+        return jax.tree.map(lambda x: x[None], state.params["agent"]) if self_play else state.params["sims"]
+
+    def init(agent, sims, refs, key) -> JointState:
+        params = {"agent": agent} if self_play else {"agent": agent, "sims": sims}
+        role = "agent" if self_play else "sims"
+        ref = jax.tree.map(lambda x: x[0], refs) if self_play else refs
+        return JointState(params=params, ref_params={role: ref} if sim_kl_coef else {},
+                          opt_state=optimizer.init(params), step=jnp.zeros((), jnp.int32),
+                          rng=jax.random.key_data(key))
+
+    def one_step(state: JointState, key, t, inputs: ArmInputs):
+        voiced = jax.tree.map(lambda x: x[inputs.voices[t]], simulators(state))
+        d = lm.rollout(agent_graphdef, state.params["agent"], sim_graphdef, voiced, inputs.cards,
+                       inputs.verbalized, key, members, per_member)
+        new, metrics = train_step(state, batch(d, inputs.sim_sign))
+        if not self_play:
+            rate = inputs.sim_learning_rate
+            moved = jax.tree.map(lambda n, o: jnp.where(rate > 0, o + rate * (n - o), o),
+                                 new.params["sims"], state.params["sims"])
+            new = new.replace(params={**new.params, "sims": moved})
+        tried = d.replied & inputs.verbalized
         log = StepLog(
             reward=d.rewards.mean(), rewards=d.rewards, agent_entropy=metrics["agent/entropy"],
             sampled_deviation=token_mean(1.0 - d.sim_pmax, d.replied),
             early_ask=jnp.mean(d.tokens[:, -1] != lm.ASK_TOKEN),
             vs_malformed=token_mean(d.malformed, tried),
             vs_repaired=token_mean(d.repaired, d.verbalized),
-            sim_kl=jnp.where(train_sims, jnp.mean(metrics["sims/kl"]), 0.0),
             skipped=metrics["skipped"])
-        return state, log
+        return new, log
 
-    def run_seed(agent, sims, ref_sims, cards, verbalized, train_sims, key):
-        params = {"agent": agent, "sims": sims}
-        state = JointState(params=params, ref_params={"sims": ref_sims},
-                           opt_state=optimizer.init(params), step=jnp.zeros((), jnp.int32),
-                           rng=jax.random.key_data(key))
+    def run_seed(agent, sims, refs, inputs: ArmInputs, key):
+        chex.assert_shape(inputs.voices, (config.steps, members))
+        state = init(agent, sims, refs, key)
 
         def chunk(state, chunk_index):
             def body(state, i):
-                step_key = jax.random.fold_in(key, chunk_index * config.eval_every + i)
-                return one_step(state, step_key, cards, verbalized, train_sims)
+                t = chunk_index * config.eval_every + i
+                return one_step(state, jax.random.fold_in(key, t), t, inputs)
 
             state, logs = jax.lax.scan(body, state, jnp.arange(config.eval_every))
-            snapshot = Snapshots(state.params["agent"], state.params["sims"])
-            return state, (logs, snapshot)
+            return state, (logs, Snapshots(state.params["agent"], simulators(state)))
 
         state, (logs, snapshots) = jax.lax.scan(chunk, state, jnp.arange(config.steps // config.eval_every))
         logs = jax.tree.map(lambda x: x.reshape(config.steps, *x.shape[2:]), logs)
         return state, logs, snapshots
 
-    return jax.jit(jax.vmap(run_seed, in_axes=(0, 0, 0, None, None, None, 0)))
+    run = jax.jit(jax.vmap(run_seed, in_axes=(0, 0, 0, None, 0)))
+    return Program(run, init, batch, train_step)
+
+
+def arm_inputs(cards, voices, verbalized: bool, sim_learning_rate: float, sim_sign: float) -> ArmInputs:
+    return ArmInputs(jnp.asarray(cards, jnp.int32), jnp.asarray(voices, jnp.int32), jnp.asarray(verbalized),
+                     jnp.asarray(sim_learning_rate, jnp.float32), jnp.asarray(sim_sign, jnp.float32))

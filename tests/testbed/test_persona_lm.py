@@ -9,6 +9,8 @@ from scope_jax.envs import persona_lm as lm
 from scope_jax.envs import personas
 from scope_jax.models import decoder
 from scope_jax.models.tiny import tiny_config
+from scope_jax.testbed.pretrain import model_config
+from tests.testbed.conftest import QUICK
 
 CONFIG = tiny_config(lm.VOCAB_SIZE, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1)
 
@@ -148,9 +150,37 @@ def test_train_step_log_probs_reproduce_the_behaviour_log_probs(models):
 def test_verbalized_table_falls_back_to_direct_replies_where_malformed(models):
     graphdef, _, sims = models
     sim = jax.tree.map(lambda x: x[0], sims)
-    stated, malformed = jax.jit(lm.verbalized_table, static_argnums=0)(graphdef, sim, lm.NO_CARD)
+    stated, malformed = jax.jit(lm.verbalized_table, static_argnums=(0, 4))(graphdef, sim, lm.NO_CARD,
+                                                                            jax.random.key(0), 2)
     direct = jax.jit(lm.sim_reply_table, static_argnums=0)(graphdef, sim, lm.NO_CARD)
     malformed = np.asarray(malformed)
-    assert malformed.shape == (personas.N_STATES, personas.N_STRATEGIES) and malformed.any()
-    np.testing.assert_allclose(np.asarray(stated)[malformed], np.asarray(direct)[malformed])
+    assert malformed.shape == (personas.N_STATES, personas.N_STRATEGIES)
+    assert set(np.unique(malformed)) <= {0, .5, 1}
+    always = malformed == 1.0  # both samples malformed: the direct replies
+    assert always.any()
+    np.testing.assert_allclose(np.asarray(stated)[always], np.asarray(direct)[always], atol=1e-6)
     np.testing.assert_allclose(np.asarray(stated).sum(-1), 1.0, atol=1e-5)
+
+
+def test_verbalized_replies_are_what_a_verbalized_rollout_answers(pretrained):
+    """The estimated VS reply distribution at the first turn against the rollout's empirical replies."""
+    graphdef, _ = decoder.init(model_config(QUICK), seed=0)
+    agent = jax.tree.map(lambda x: x[0], pretrained.agent)
+    sim = jax.tree.map(lambda x: x[0, 0], pretrained.collapsed)
+    direct = jax.jit(lm.sim_reply_table, static_argnums=0)(graphdef, sim, lm.NO_CARD)[:1]
+    replies = lambda p, d, k: lm.verbalized_replies(graphdef, p, lm.NO_CARD, d, np.zeros(1, int), k, 256)
+    q, malformed = jax.jit(replies)(sim, direct, jax.random.key(5))
+    assert float(malformed.mean()) < 0.5  # it verbalizes
+    n = 4096
+    rollout = jax.jit(lm.rollout, static_argnums=(0, 2, 7, 8))
+    d = rollout(graphdef, agent, graphdef, jax.tree.map(lambda x: x[None], sim), jnp.asarray([lm.NO_CARD]),
+                jnp.asarray(True), jax.random.key(6), 1, n)
+    first, reply = np.asarray(d.tokens)[:, 1] - lm.AGENT0, np.asarray(d.tokens)[:, 2] - lm.USER0
+    for s in np.unique(first[first < personas.N_STRATEGIES]):
+        replies = reply[first == s]
+        if len(replies) < 300:
+            continue
+        counts = np.bincount(replies, minlength=personas.N_USER) / len(replies)
+        expected = np.asarray(q[0, s])
+        tolerance = 4 * np.sqrt(expected * (1 - expected) / len(replies)) + 0.03  # + the estimate's own noise
+        assert (np.abs(counts - expected) < tolerance).all(), (s, counts, expected)

@@ -1,0 +1,38 @@
+"""summary.md's sentences follow the numbers: directions and interval checks come from the summary."""
+
+from scope_jax.testbed import report
+
+
+def _stat(seeds):
+    mean, hw = report.interval(seeds)
+    return {"mean": mean, "ci95": hw, "seeds": list(seeds)}
+
+
+def _summary(gain):
+    """Two controls and one fix whose per-seed held-out gain over the frozen arm is `gain`."""
+    frozen, base = [0.28, 0.29, 0.28, 0.30, 0.29], [0.37, 0.38, 0.36, 0.39, 0.38]
+    fix = [f + g for f, g in zip(frozen, gain)]
+    arm = lambda values: {"heldout_value": _stat(values)}
+    diff = lambda a, b: {"heldout_value": _stat([x - y for x, y in zip(a, b)])}
+    return {"arms": {"frozen": arm(frozen), "frozen_base": arm(base), "cotrain": arm(fix)},
+            "deltas": {"frozen": {"frozen_base": diff(base, frozen), "cotrain": diff(fix, frozen)},
+                       "frozen_base": {"frozen": diff(frozen, base), "cotrain": diff(fix, base)}},
+            "labels": {"frozen": "frozen collapsed simulator", "frozen_base": "frozen base simulator",
+                       "cotrain": "Co-Training"}}
+
+
+def test_direction_needs_the_interval_to_exclude_zero():
+    assert report.direction(_stat([0.1, 0.12, 0.09, 0.11, 0.1])) == "higher"
+    assert report.direction(_stat([-0.1, -0.12, -0.09, -0.11, -0.1])) == "lower"
+    assert report.direction(_stat([0.1, -0.12, 0.09, -0.11, 0.1])) == "not distinguishable from 0"
+
+
+def test_comparison_sentences_say_what_the_paired_differences_say():
+    higher = report.comparison_sentences(_summary([0.09, 0.1, 0.08, 0.1, 0.09]))
+    null = report.comparison_sentences(_summary([0.02, -0.03, 0.01, -0.02, 0.02]))
+    co_higher = next(line for line in higher if line.startswith("**Co-Training**"))
+    co_null = next(line for line in null if line.startswith("**Co-Training**"))
+    assert "vs the frozen collapsed simulator (higher)" in co_higher
+    assert "vs the frozen base simulator (not distinguishable from 0)" in co_higher
+    assert "vs the frozen collapsed simulator (not distinguishable from 0)" in co_null
+    assert "vs the frozen base simulator (lower)" in co_null
