@@ -2,8 +2,8 @@
 
 default  every arm of the comparison on 5 seeds: untrained, the two controls (frozen collapsed and
          frozen base simulator), Verbalized Sampling, Co-Training (like for like, and the two variants
-         that see the base model), Population Co-Training, rotation and self-play; within 10 minutes on
-         the 2-core CPU (`python -m experiments.bench collapse`).
+         that see the base model), Population Co-Training, rotation and self-play; its budget is 10
+         minutes on the 2-core CPU (`python -m experiments.bench collapse` measures it).
 all      the default plus mixture (the four collapsed simulators within every step) and Population
          Co-Training from the base model's persona modes.
 sweep    Co-Training like for like over the simulators' KL weight (0 included) at the default simulator
