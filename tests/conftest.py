@@ -1,37 +1,42 @@
-"""Test session setup: 8 fake CPU devices, so sharded code runs the same on this machine as on a pod.
+"""Test session setup.
 
-Compiled programs are dropped after each test module. XLA:CPU maps every compiled program into the
-process; one long session of several thousand programs passes the kernel's `vm.max_map_count`
-(65,530 by default) and the next compile aborts the whole run.
-
-Under pytest-xdist (the default `-n auto`, see setup.cfg) each worker takes whole groups: a directory
-whose conftest holds session-scoped fixtures (built once per worker that runs it), otherwise a file.
+- 8 fake CPU devices, so sharded code runs the same on this machine as on a pod.
+- One persistent compilation cache per test session (a temporary folder, inherited by the runs the
+  tests start as subprocesses): tests build the same tiny models and steps again and again, and each
+  identical program is then compiled once.
+- Compiled programs are dropped after a test module once the process holds many memory maps. XLA:CPU
+  maps every compiled program into the process; one long session passes the kernel's
+  `vm.max_map_count` (65,530 by default) and the next compile aborts the whole run.
 """
 
+import atexit
 import gc
 import os
-from pathlib import Path
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="scope-jax-test-xla-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
-import jax  # noqa: E402  (after XLA_FLAGS)
+import jax  # noqa: E402  (after the environment above)
 import pytest  # noqa: E402
 
-TESTS = Path(__file__).parent
-SESSION_FIXTURE_DIRS = ("training", "testbed", "models", "envs/tau2", "envs/cooperbench")
+MAX_MAPS = 20_000  # well below vm.max_map_count: a module compiles at most a few thousand maps' worth
+
+
+def memory_maps() -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def release_compiled_programs():
     yield
-    jax.clear_caches()
-    gc.collect()
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        path = Path(item.path).relative_to(TESTS)
-        group = next((d for d in SESSION_FIXTURE_DIRS if path.is_relative_to(d)), str(path))
-        item.add_marker(pytest.mark.xdist_group(group))
+    if os.path.exists("/proc/self/maps") and memory_maps() > MAX_MAPS:
+        jax.clear_caches()
+        gc.collect()

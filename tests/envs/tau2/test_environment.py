@@ -161,16 +161,19 @@ def test_scenarios_come_from_the_splits(retail_env):
         retail_env.sample_scenarios(1, rng, split="dev")
 
 
-def test_registration_and_bad_settings(tmp_path):
+def test_registration_and_a_missing_data_folder(tmp_path):
     assert ENVIRONMENTS["tau2"] is Tau2Env
     with pytest.raises(ValueError, match="domain folder .* is missing"):
         Tau2Env(data_dir=str(tmp_path))
+
+
+def test_bad_settings(make_env):
     with pytest.raises(ValueError, match="grading 'v2'"):
-        Tau2Env(data_dir=str(DATA), grading="v2")
+        make_env(grading="v2")
     with pytest.raises(ValueError, match="tool_format"):
-        Tau2Env(data_dir=str(DATA), tool_format="xml")
+        make_env(tool_format="xml")
     with pytest.raises(ValueError, match="no split 'train'"):
-        Tau2Env(data_dir=str(DATA), domain="mock")
+        make_env(domain="mock")
 
 
 def test_episodes_copy_cheaply_and_independently(retail_env):
