@@ -26,7 +26,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 import jax  # noqa: E402  (after the environment above)
 import pytest  # noqa: E402
 
-MAX_MAPS = 20_000  # well below vm.max_map_count: a module compiles at most a few thousand maps' worth
+MAX_MAPS = 20_000  # with room below vm.max_map_count for the largest module's own programs
 
 
 def memory_maps() -> int:
