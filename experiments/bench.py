@@ -564,6 +564,12 @@ def bench_train_step(args: argparse.Namespace) -> float:
     return headline
 
 
+COLLAPSE_TABLE = (  # (label, key, format) of each column of the collapse table
+    ("config", "config", "{:<8}"), ("wall s", "wall", "{:>7.0f}"), ("CPU s", "cpu", "{:>7.0f}"),
+    ("load 1m", "load", "{:>10}"), ("budget", "budget", "{:>6.0f}"), ("CPU/budget", "ratio", "{:>10.0%}"),
+)
+
+
 @benchmark
 def bench_collapse(args: argparse.Namespace) -> float:
     """The collapse testbed end to end (`experiments.run`, fresh run directories), default and quick
@@ -590,10 +596,9 @@ def bench_collapse(args: argparse.Namespace) -> float:
             print(f"  collapse {name}: wall {measured[name][0]:.0f}s, CPU {measured[name][1]:.0f}s "
                   f"(budget {budgets[name]:.0f}s)", flush=True)
     print(f"\ncollapse: end to end, {os.cpu_count()} CPU threads; ratio = CPU seconds / budget")
-    print(f"{'config':<10}{'wall s':>8}{'CPU s':>8}{'load 1m':>14}{'budget':>8}{'CPU/budget':>12}")
-    for name, (wall, cpu, before, after) in measured.items():
-        print(f"{name:<10}{wall:>8.0f}{cpu:>8.0f}{before:>6.1f} -> {after:<4.1f}{budgets[name]:>8.0f}"
-              f"{cpu / budgets[name]:>12.0%}")
+    print_table([dict(config=name, wall=wall, cpu=cpu, load=f"{before:.1f} -> {after:.1f}",
+                      budget=budgets[name], ratio=cpu / budgets[name])
+                 for name, (wall, cpu, before, after) in measured.items()], COLLAPSE_TABLE)
     return measured["default"][1] / budgets["default"] if "default" in measured else float("nan")
 
 
