@@ -1,6 +1,8 @@
 """Test session setup.
 
 - 8 fake CPU devices, so sharded code runs the same on this machine as on a pod.
+- LLVM's backend optimisation off (`COMPILE_FAST`): the tests' programs are tiny, so compiling them
+  costs far more than running them (docs/testing.md has the measurement).
 - One persistent compilation cache per test session (a temporary folder, inherited by the runs the
   tests start as subprocesses): tests build the same tiny models and steps again and again, and each
   identical program is then compiled once.
@@ -16,8 +18,9 @@ import shutil
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8").strip()
+COMPILE_FAST = "--xla_backend_optimization_level=0"
+os.environ["XLA_FLAGS"] = " ".join(filter(None, (os.environ.get("XLA_FLAGS", ""), COMPILE_FAST,
+                                                 "--xla_force_host_platform_device_count=8")))
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="scope-jax-test-xla-")
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)

@@ -1,7 +1,7 @@
 """The larger-model configs keep running: one training step of each Qwen3 size on a tiny random checkpoint of
 the same architecture (the real GQA ratio and head_dim / (hidden / heads) ratio, tiny sizes) with Qwen3's chat
 template, saved as an HF folder like the released ones and loaded through the config's own model keys (with
-remat, thinking off)."""
+remat, thinking off). The 4B-shaped run also evaluates, monitors and writes its transcripts."""
 
 import dataclasses
 import json
@@ -38,6 +38,9 @@ def test_memory_estimate_counts_the_state():
     assert one.activations_remat < one.activations
 
 
+EVALUATED = "4b"  # the one size whose step also runs the held-out evaluation, the monitor and the transcripts
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("size", sorted(p4g_qwen3.ARCHITECTURES))
 def test_one_training_step_on_a_tiny_checkpoint(tmp_path, size):
@@ -58,13 +61,16 @@ def test_one_training_step_on_a_tiny_checkpoint(tmp_path, size):
                       max_turns=1)
     config.sampling.max_new_tokens = 4
     config.rollout.update(groups=2, group_size=2)
-    config.train.update(steps=1, eval_every=1, eval_groups=1, checkpoint_every=1, microbatches=2)
+    evaluated = size == EVALUATED  # evaluation compiles its own programs per shape; the step is what varies
+    config.train.update(steps=1, eval_every=int(evaluated), eval_groups=1, checkpoint_every=1, microbatches=2)
     config.monitor.update(probe_contexts=1, probe_samples=2, fork_contexts=1, forks=2, branches=2)
     prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
         state, metrics = train(config, run_dir)
     assert int(state.step) == 1 and metrics["skipped"] == 0.0 and np.isfinite(metrics["loss"])
-    assert np.isfinite(metrics["agent/entropy"]) and "heldout_reward" in metrics
+    assert np.isfinite(metrics["agent/entropy"]) and ("heldout_reward" in metrics) == evaluated
+    if not evaluated:
+        return
     lines = (tmp_path / "run" / "samples" / "step-0.jsonl").read_text().splitlines()
     samples = [json.loads(line) for line in lines]
     assert len(samples) == 2
