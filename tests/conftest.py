@@ -6,6 +6,9 @@
 - One persistent compilation cache per test session (a temporary folder, inherited by the runs the
   tests start as subprocesses): tests build the same tiny models and steps again and again, and each
   identical program is then compiled once.
+- Under pytest-xdist (setup.cfg: `-n auto --dist loadgroup`) a worker runs each test file whole (its
+  module fixtures are built once), and each folder of SHARED_FIXTURE_DIRS whole (their session fixtures,
+  a pretrained testbed and the SmolLM2 GGUF, are costly).
 - Compiled programs are dropped after a test module once the process holds many memory maps. XLA:CPU
   maps every compiled program into the process; one long session passes the kernel's
   `vm.max_map_count` (65,530 by default) and the next compile aborts the whole run.
@@ -14,6 +17,7 @@
 import atexit
 import gc
 import os
+import pathlib
 import shutil
 import tempfile
 
@@ -29,6 +33,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 import jax  # noqa: E402  (after the environment above)
 import pytest  # noqa: E402
 
+TESTS = pathlib.Path(__file__).parent
+SHARED_FIXTURE_DIRS = ("models", "testbed")
 MAX_MAPS = 20_000  # with room below vm.max_map_count for the largest module's own programs
 
 
@@ -43,3 +49,10 @@ def release_compiled_programs():
     if os.path.exists("/proc/self/maps") and memory_maps() > MAX_MAPS:
         jax.clear_caches()
         gc.collect()
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = pathlib.Path(item.path).relative_to(TESTS)
+        group = next((d for d in SHARED_FIXTURE_DIRS if path.is_relative_to(d)), str(path))
+        item.add_marker(pytest.mark.xdist_group(group))

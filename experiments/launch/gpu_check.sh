@@ -14,7 +14,7 @@ if [[ "${1:-}" == "--dry-run" ]]; then dry_run="--dry-run"; shift; fi
 tests=(tests/test_sampling.py tests/test_kv_cache.py tests/models/test_attention.py tests/models/test_parity.py
        tests/training/test_train_step.py)
 if [[ -n "$dry_run" ]]; then
-  python -m pytest -q --collect-only -p no:cacheprovider "${tests[@]}" | tail -n 1
+  python -m pytest -q -n 0 --collect-only -p no:cacheprovider "${tests[@]}" | tail -n 1
   python -m experiments.gpu_check --dry-run --models 0.6b "$@"
 else
   devices=$(JAX_PLATFORMS= python -c "import jax; print(jax.device_count())")
@@ -23,7 +23,7 @@ else
     deselect=(-k "not mesh and not devices and not population_generation and not sharded and not fsdp")
   fi
   echo "== tests on $devices device(s)"
-  JAX_PLATFORMS= XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 python -m pytest -q -x -p no:cacheprovider \
+  JAX_PLATFORMS= XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 python -m pytest -q -n 0 -x -p no:cacheprovider \
     "${deselect[@]}" "${tests[@]}"
   echo "== benchmarks"
   XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 330 python -m experiments.gpu_check "$@"
