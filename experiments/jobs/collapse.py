@@ -30,6 +30,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.heldout_seeds = (101, 102)
     c.arms = DEFAULT_ARMS
     c.vs_samples = 2
+    c.workers = 2  # threads the arms run on (testbed.experiment.run); each arm's numbers do not depend on it
     c.pretrain_for = ()  # arms whose models pretraining also makes (the sweep: the default's)
     # Co-Training like for like at every (KL weight, simulator learning rate, objective) of the grid.
     c.sweep = ml_collections.ConfigDict({"kl_coefs": (), "sim_learning_rates": (),
@@ -52,6 +53,7 @@ def settings(config: ml_collections.ConfigDict) -> experiment.Settings:
     return experiment.Settings(seeds=tuple(config.seeds), arms=arm_list(config),
                                pretrain=PretrainConfig(**pre), rl=RLConfig(**config.rl.to_dict()),
                                heldout_seeds=tuple(config.heldout_seeds), vs_samples=config.vs_samples,
+                               workers=config.workers,
                                pretrain_for=tuple(arms.ARMS[a] for a in config.pretrain_for))
 
 
@@ -78,6 +80,8 @@ def check(config: ml_collections.ConfigDict) -> None:
                           "must have the same length")
     if len(config.seeds) < 2:
         raise ConfigError("config key 'seeds' needs at least 2 seeds for confidence intervals")
+    if config.workers < 1:
+        raise ConfigError("config key 'workers' must be at least 1")
     if config.vs_samples < 1:
         raise ConfigError("config key 'vs_samples' must be at least 1")
 

@@ -1,19 +1,28 @@
 """The simulator-collapse experiment: pretrain, tabulate, run every arm on the same seeds, evaluate exactly.
 
 `run` returns plain numpy results (curves per arm and seed, pretraining diagnostics, exact references,
-wall times); `scope_jax.testbed.report` turns them into figures and summaries. The run directory keeps
-what is done: the pretrained models (`pretrained.msgpack`) and every finished arm (`arms/NAME.msgpack`,
-written before its metrics are logged). A resumed run loads both, reruns only the arms that did not
-finish, and keeps each arm's records in `metrics.jsonl` exactly once (an arm whose records are
-incomplete, from a run killed while logging, has them dropped and logged again from its saved result).
+wall times); `scope_jax.testbed.report` turns them into figures and summaries.
+
+Arms run on `Settings.workers` threads, which take them in `arm_order` and compile each RL program
+once (`CompileOnce`): XLA:CPU runs this game's tiny programs on about one core each, so a second
+thread nearly doubles the arms' throughput on two cores. No arm's numbers depend on it.
+
+The run directory keeps what is done: the pretrained models (`pretrained.msgpack`) and every finished
+arm (`arms/NAME.msgpack`, written before its metrics are logged). A resumed run loads both, reruns only
+the arms that did not finish, and keeps each arm's records in `metrics.jsonl` exactly once (an arm
+whose records are incomplete, from a run killed while logging, has them dropped and logged again from
+its saved result).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -42,7 +51,8 @@ ARMS_DIR = "arms"
 class Settings:
     """vs_samples: verbalizations drawn per (state, strategy) to estimate what Verbalized Sampling
     trains against (`persona_lm.verbalized_table`). pretrain_for: pretrain the models of other arms
-    too (the sweep pretrains the default's, so that the default run can resume from its pretraining)."""
+    too (the sweep pretrains the default's, so that the default run can resume from its pretraining).
+    workers: threads the arms run on."""
 
     seeds: tuple[int, ...]
     arms: tuple[Arm, ...]
@@ -51,6 +61,7 @@ class Settings:
     heldout_seeds: tuple[int, ...] = (101, 102)
     vs_samples: int = 2
     pretrain_for: tuple[Arm, ...] = ()  # the arms whose models pretraining makes; () = `arms`
+    workers: int = 1
 
 
 @dataclasses.dataclass
@@ -88,36 +99,49 @@ def _index(tree, i):
     return jax.tree.map(lambda x: x[i], tree)
 
 
+# Module-level, so that every Tabulator shares their compiled programs.
+_POLICY = jax.jit(lm.agent_policy_table, static_argnums=0)
+_REPLIES = jax.jit(lm.sim_reply_table, static_argnums=0)
+_VERBAL = jax.jit(lm.verbalized_table, static_argnums=(0, 4))
+
+
 class Tabulator:
     """Jitted read-outs of transformer players at every decision state, one model per call (one
-    compiled program per read-out, whatever the number of models)."""
+    compiled program per read-out, whatever the number of models). With workers > 1 the models after
+    the first (which compiles) are read out on that many threads."""
 
-    def __init__(self, graphdef):
+    def __init__(self, graphdef, workers: int = 1):
         self.graphdef = graphdef
-        self._policy = jax.jit(lm.agent_policy_table, static_argnums=0)
-        self._replies = jax.jit(lm.sim_reply_table, static_argnums=0)
-        self._verbal = jax.jit(lm.verbalized_table, static_argnums=(0, 4))
+        self.workers = workers
+
+    def _map(self, fn: Callable, items: Sequence) -> list:
+        if self.workers == 1 or len(items) < 2:
+            return [fn(item) for item in items]
+        first = fn(items[0])
+        with ThreadPoolExecutor(self.workers) as pool:
+            return [first, *pool.map(fn, items[1:])]
 
     def policies(self, params, lead_ndim: int = 1) -> np.ndarray:
         """[*lead, N_STATES, N_AGENT] float64 for params with `lead_ndim` leading axes."""
         lead = jax.tree.leaves(params)[0].shape[:lead_ndim]
         flat = _flatten(params, lead_ndim)
-        out = [lm.as_table(self._policy(self.graphdef, _index(flat, i))) for i in range(int(np.prod(lead)))]
+        out = self._map(lambda i: lm.as_table(_POLICY(self.graphdef, _index(flat, i))),
+                        range(int(np.prod(lead))))
         return np.stack(out).reshape(*lead, *out[0].shape)
 
     def sims(self, params, cards: np.ndarray) -> np.ndarray:
         """[*cards.shape, N_STATES, S, U]: params with leading axes cards.shape, each with its card."""
         cards = np.asarray(cards)
         flat = _flatten(params, cards.ndim)
-        out = [lm.as_table(self._replies(self.graphdef, _index(flat, i), int(c)))
-               for i, c in enumerate(cards.reshape(-1))]
+        out = self._map(lambda ic: lm.as_table(_REPLIES(self.graphdef, _index(flat, ic[0]), int(ic[1]))),
+                        list(enumerate(cards.reshape(-1))))
         return np.stack(out).reshape(*cards.shape, *out[0].shape)
 
     def verbalized(self, params, card: int, keys: Sequence[jax.Array],
                    samples: int) -> tuple[np.ndarray, np.ndarray]:
         """(what VS trains against [R, N_STATES, S, U], malformed fraction [R, N_STATES, S]) of params [R]."""
-        out = [self._verbal(self.graphdef, _index(params, i), card, key, samples)
-               for i, key in enumerate(keys)]
+        out = self._map(lambda ik: _VERBAL(self.graphdef, _index(params, ik[0]), card, ik[1], samples),
+                        list(enumerate(keys)))
         return np.stack([lm.as_table(q) for q, _ in out]), np.stack([np.asarray(m) for _, m in out])
 
 
@@ -257,7 +281,7 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
         program = make_runner(tab.graphdef, tab.graphdef, rl, arm.members, kl, self_play)
         inputs = arm_inputs(cards, arms_lib.voices(arm, rl.steps, rl.rotation_block), arm.spec.verbalized,
                             lr if arm.spec.trains_sims else 0.0, arms_lib.OBJECTIVES[arm.objective])
-        _, logs, snaps = program.run(agent0, sims, refs, inputs, keys)
+        _, logs, snaps = COMPILED(program.run, agent0, sims, refs, inputs, keys)
         logs = jax.tree.map(np.asarray, logs)
         policies = np.concatenate([policy0[:, None], tab.policies(snaps.agent, 2)], axis=1)
         agent_params = lambda r, e: _index(agent0, r) if e == 0 else _index(snaps.agent, (r, e - 1))
@@ -278,6 +302,48 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
               for e in range(len(steps))] for r in range(R)]
     eval_curves = {k: np.array([[ev[k] for ev in row] for row in evals]) for k in evals[0][0]}
     return ArmResult(arm.label, step_curves, steps, eval_curves, time.perf_counter() - start)
+
+
+def program_key(arm: Arm, rl: RLConfig) -> tuple | None:
+    """What shapes an arm's compiled RL program (`make_runner`'s arguments besides the run's); None: no RL."""
+    if not arm.trains:
+        return None
+    return arm.members, rl.sim_kl_coef if arm.sim_kl_coef is None else arm.sim_kl_coef, arm.start == "selfplay"
+
+
+def arm_order(arms: Sequence[Arm], rl: RLConfig) -> list[Arm]:
+    """The order the worker threads take arms in: first one arm of each RL program, the program with the
+    most arms first (so that the programs compile side by side, each once), then the arms without RL,
+    then the rest in the given order."""
+    groups: dict[tuple | None, list[Arm]] = {}
+    for arm in arms:
+        groups.setdefault(program_key(arm, rl), []).append(arm)
+    firsts = [group[0] for key, group in sorted(groups.items(), key=lambda item: -len(item[1])) if key]
+    rest = groups.get(None, []) + [arm for arm in arms if arm.trains and arm not in firsts]
+    return firsts + rest
+
+
+class CompileOnce:
+    """Calls a jitted function through its executable for the arguments' shapes, compiled by the first
+    thread that needs it; the others wait for that one instead of compiling it again. (`jit(f).lower(...)
+    .compile()` does not fill jit's own cache, so one instance serves the whole process: `COMPILED`.)"""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._compiled: dict[Any, list] = {}
+
+    def __call__(self, fn: Callable, *args):
+        key = (fn, jax.tree.structure(args),
+               tuple((np.shape(x), getattr(x, "dtype", None)) for x in jax.tree.leaves(args)))
+        with self._lock:
+            entry = self._compiled.setdefault(key, [threading.Lock(), None])
+        with entry[0]:
+            if entry[1] is None:
+                entry[1] = fn.lower(*args).compile()
+        return entry[1](*args)
+
+
+COMPILED = CompileOnce()
 
 
 def log_arm(name: str, result: ArmResult, seeds: Sequence[int], log: Callable) -> None:
@@ -347,7 +413,7 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
     graphdef, _ = decoder.init(model_config(settings.pretrain), seed=0)
     tab, panel = Tabulator(graphdef), GradientPanel(graphdef)
     t0 = time.perf_counter()
-    tables = tabulate(tab, pre, settings.vs_samples, settings.seeds)
+    tables = tabulate(Tabulator(graphdef, settings.workers), pre, settings.vs_samples, settings.seeds)
     diag = pretraining_diagnostics(tables, personas.base_simulator(), settings.pretrain.heldout_priors)
     diag["sft_losses"] = {k: np.asarray(v).tolist() for k, v in pre.losses.items()}
     seconds["tabulate"] = time.perf_counter() - t0
@@ -355,19 +421,47 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
     store = ArmStore(run_dir)
     finished = {name: result for name in names if (result := store.load(name)) is not None}
     logged = store.logged(finished)
-    log = lambda arm, step, metrics: run_dir.log(step, metrics, prefix=f"{arm}/")
+    log_lock = threading.Lock()
+
+    def log(name: str, result: ArmResult) -> None:
+        with log_lock:
+            log_arm(name, result, settings.seeds, lambda arm, step, metrics: run_dir.log(step, metrics,
+                                                                                         prefix=f"{arm}/"))
+
+    for name, result in finished.items():
+        progress(f"arm {name}: finished in the run directory")
+        if name not in logged:
+            log(name, result)
     keys = jax.random.split(jax.random.key(sum(settings.seeds) + 7919), len(settings.seeds))  # shared by arms
-    results: dict[str, ArmResult] = {}
-    for arm in settings.arms:
-        if arm.name in finished:
-            progress(f"arm {arm.name}: finished in the run directory")
-            results[arm.name] = finished[arm.name]
-        else:
-            progress(f"arm {arm.name}")
-            results[arm.name] = run_arm(arm, settings, pre, tables, tab, panel, keys)
-            store.save(arm.name, results[arm.name])
-        if arm.name not in logged:
-            log_arm(arm.name, results[arm.name], settings.seeds, log)
-        seconds[f"arm/{arm.name}"] = results[arm.name].seconds
+    failed = threading.Event()
+    queue = collections.deque(arm_order([arm for arm in settings.arms if arm.name not in finished], settings.rl))
+
+    def worker() -> dict[str, ArmResult]:
+        done = {}
+        while not failed.is_set():
+            try:
+                arm = queue.popleft()
+            except IndexError:
+                break
+            try:
+                progress(f"arm {arm.name}")
+                done[arm.name] = run_arm(arm, settings, pre, tables, tab, panel, keys)
+            except BaseException:
+                failed.set()  # the other threads stop after their current arm
+                raise
+            store.save(arm.name, done[arm.name])
+            log(arm.name, done[arm.name])
+        return done
+
+    with ThreadPoolExecutor(settings.workers) as pool:
+        futures = [pool.submit(worker) for _ in range(settings.workers)]
+        try:
+            for future in futures:
+                finished |= future.result()
+        except KeyboardInterrupt:
+            failed.set()
+            raise
+    results = {name: finished[name] for name in names}
+    seconds |= {f"arm/{name}": result.seconds for name, result in results.items()}
     seconds["total"] = time.perf_counter() - start
     return Results(settings, results, diag, evaluate.reference_values(personas.base_simulator()), seconds)

@@ -29,6 +29,9 @@ _FINAL_REWARD = personas.reward(personas.STATE_SCORE[LEVELS[-1], None, None]
                                 + personas.SCORE_WEIGHTS).astype(np.float32)  # [n_last, 1, U]
 
 
+_POLICY = jax.jit(lm.agent_policy_table, static_argnums=0)
+
+
 def policy_value(policy: jax.Array, sim: jax.Array) -> jax.Array:
     """E[reward] of policy [N_STATES, N_AGENT] against sim [N_STATES, S, U], exactly (traceable)."""
     chex.assert_shape([policy, sim], [(personas.N_STATES, personas.N_AGENT),
@@ -54,23 +57,31 @@ def _cos(a: jax.Array, b: jax.Array) -> jax.Array:
 class GradientPanel:
     """Jitted: (agent params, train simulators [P, N, S, U], population [N, S, U]) -> the panel's numbers:
     grad_cos_mode = cos(g_train, g_mode), grad_cos_population = cos(g_train, g_pop),
-    grad_dist_mode = ||g_train - g_mode||, grad_norm = ||g_train||."""
+    grad_dist_mode = ||g_train - g_mode||, grad_norm = ||g_train||.
+
+    Two programs: the three users' d V / d pi (cheap; one compilation per P) and the pullback through the
+    transformer (one compilation, whatever P)."""
 
     KEYS = ("grad_cos_mode", "grad_cos_population", "grad_dist_mode", "grad_norm")
 
     def __init__(self, graphdef: nnx.GraphDef):
-        def panel(params, train, population):
-            policy, pullback = jax.vjp(lambda p: lm.agent_policy_table(graphdef, p), params)
+        self.graphdef = graphdef
+
+        def cotangents(policy, train, population):
             mean_value = lambda pi, sims: jnp.mean(jax.vmap(policy_value, (None, 0))(pi, sims))
             users = (train, jax.vmap(mode_user)(train), population[None])
-            cotangents = jnp.stack([jax.grad(mean_value)(policy, sims) for sims in users])
+            return jnp.stack([jax.grad(mean_value)(policy, sims) for sims in users])
+
+        def panel(params, cotangents):
+            _, pullback = jax.vjp(lambda p: lm.agent_policy_table(graphdef, p), params)
             flat = lambda tree: jnp.concatenate([x.ravel() for x in jax.tree.leaves(tree)])
             g_train, g_mode, g_pop = jax.vmap(lambda c: flat(pullback(c)[0]))(cotangents)
             return dict(zip(self.KEYS, (_cos(g_train, g_mode), _cos(g_train, g_pop),
                                         jnp.linalg.norm(g_train - g_mode), jnp.linalg.norm(g_train))))
 
-        self._panel = jax.jit(panel)
+        self._cotangents, self._panel = jax.jit(cotangents), jax.jit(panel)
 
     def __call__(self, params, train: np.ndarray, population: np.ndarray) -> dict[str, float]:
-        out = self._panel(params, jnp.asarray(train, jnp.float32), jnp.asarray(population, jnp.float32))
-        return {k: float(v) for k, v in out.items()}
+        policy = _POLICY(self.graphdef, params)
+        cotangents = self._cotangents(policy, jnp.asarray(train, jnp.float32), jnp.asarray(population, jnp.float32))
+        return {k: float(v) for k, v in self._panel(params, cotangents).items()}

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import chex
@@ -303,8 +304,11 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
     sft = SFT(graphdef, config.learning_rate)
     R, C = len(seeds), len(collapse_personas)
 
-    agent, agent_losses = sft(_inits(config, [1000 * s for s in seeds]),
-                              _stack([(agent_data(config, [s, 0], config.agent_steps),) for s in seeds]))
+    # The agent's SFT runs on a second thread beside the simulators' chain (XLA:CPU runs these tiny
+    # programs on about one core each); the models do not depend on it.
+    pool = ThreadPoolExecutor(1)
+    agent_job = pool.submit(sft, _inits(config, [1000 * s for s in seeds]),
+                            _stack([(agent_data(config, [s, 0], config.agent_steps),) for s in seeds]))
 
     priors = [personas.PRIOR] * R + list(config.heldout_priors)
     data_seeds = [[s, 1] for s in seeds] + [[s, 2] for s in heldout_seeds]
@@ -326,6 +330,8 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
                      for p in collapse_personas]
     collapsed, collapse_losses = sft(jax.tree.map(lambda x: jnp.repeat(x, C, axis=0), base), _stack(datasets))
     collapsed = jax.tree.map(lambda x: x.reshape(R, C, *x.shape[1:]), collapsed)
+    agent, agent_losses = agent_job.result()
+    pool.shutdown()
     losses = {"agent": agent_losses, "base": sim_losses[:R], "heldout": sim_losses[R:],
               "collapse": collapse_losses.reshape(R, C)}
 

@@ -72,6 +72,22 @@ def test_agent_table_matches_the_models_next_token_distribution(models):
         np.testing.assert_allclose(table[i], expected, atol=1e-6)
 
 
+def test_agent_tables_gradient_matches_one_full_forward_over_every_state(models):
+    """The level-by-level pass (shared prefixes) against one forward over every state's whole history."""
+    graphdef, agent, _ = models
+
+    def full_forward(params):
+        logits = lm.last_logits(graphdef, params, jnp.asarray(lm.STATE_TOKENS), jnp.asarray(lm.STATE_LAST))
+        return lm.act_distribution(logits, lm.AGENT0, personas.N_AGENT)
+
+    weights = jax.random.normal(jax.random.key(5), (personas.N_STATES, personas.N_AGENT))
+    grad = lambda table: jax.jit(jax.grad(lambda p: jnp.sum(weights * table(p))))(agent)
+    expected = grad(full_forward)
+    for got, want in zip(jax.tree.leaves(grad(lambda p: lm.agent_policy_table(graphdef, p))),
+                         jax.tree.leaves(expected)):
+        np.testing.assert_allclose(got, want, atol=1e-5 * float(jnp.abs(want).max()))
+
+
 def test_sim_table_matches_full_forwards(models):
     graphdef, _, sims = models
     sim = jax.tree.map(lambda x: x[0], sims)
