@@ -282,11 +282,11 @@ def agent_policy_table(graphdef: nnx.GraphDef, params: Params) -> jax.Array:
     greeting = jnp.full((1, 1), GREETING, jnp.int32)
     hidden, cache = model.hidden(greeting, jnp.zeros((1, 1), jnp.int32), KVCache.zeros(model.config, 1, 1))
     last = [hidden[:, -1]]
+    # The children of a parent are consecutive: each child starts from its parent's cache, 2 slots longer.
+    grow = lambda x: jnp.pad(jnp.repeat(x, personas.BRANCH, axis=1), ((0, 0),) * 3 + ((0, 2), (0, 0)))
     for t in range(1, personas.TURNS):
         level = slice(personas.LEVEL_OFFSETS[t], personas.LEVEL_OFFSETS[t + 1])
         tokens = jnp.asarray(STATE_TOKENS[level, 2 * t - 1:2 * t + 1])  # a_t u_t
-        # The children of a parent are consecutive: each child starts from its parent's cache, 2 slots longer.
-        grow = lambda x: jnp.pad(jnp.repeat(x, personas.BRANCH, axis=1), ((0, 0),) * 3 + ((0, 2), (0, 0)))
         hidden, cache = model.hidden(tokens, jnp.broadcast_to(jnp.arange(2 * t - 1, 2 * t + 1), tokens.shape),
                                      KVCache(*map(grow, cache)))
         last.append(hidden[:, -1])

@@ -38,7 +38,7 @@ from scope_jax.models import decoder
 from scope_jax.testbed import arms as arms_lib
 from scope_jax.testbed import evaluate
 from scope_jax.testbed.arms import Arm
-from scope_jax.testbed.gradients import GradientPanel
+from scope_jax.testbed.gradients import POLICY_TABLE, GradientPanel
 from scope_jax.testbed.pretrain import Pretrained, PretrainConfig, model_config, pretrain
 from scope_jax.testbed.rl import RLConfig, arm_inputs, make_runner
 from scope_jax.training.run_dir import METRICS, RunDir
@@ -99,8 +99,7 @@ def _index(tree, i):
     return jax.tree.map(lambda x: x[i], tree)
 
 
-# Module-level, so that every Tabulator shares their compiled programs.
-_POLICY = jax.jit(lm.agent_policy_table, static_argnums=0)
+# Module-level, so that every Tabulator shares their compiled programs (and the panel the policy's).
 _REPLIES = jax.jit(lm.sim_reply_table, static_argnums=0)
 _VERBAL = jax.jit(lm.verbalized_table, static_argnums=(0, 4))
 
@@ -125,7 +124,7 @@ class Tabulator:
         """[*lead, N_STATES, N_AGENT] float64 for params with `lead_ndim` leading axes."""
         lead = jax.tree.leaves(params)[0].shape[:lead_ndim]
         flat = _flatten(params, lead_ndim)
-        out = self._map(lambda i: lm.as_table(_POLICY(self.graphdef, _index(flat, i))),
+        out = self._map(lambda i: lm.as_table(POLICY_TABLE(self.graphdef, _index(flat, i))),
                         range(int(np.prod(lead))))
         return np.stack(out).reshape(*lead, *out[0].shape)
 
@@ -413,6 +412,7 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
     graphdef, _ = decoder.init(model_config(settings.pretrain), seed=0)
     tab, panel = Tabulator(graphdef), GradientPanel(graphdef)
     t0 = time.perf_counter()
+    # Tabulation reads models out on the threads; the arms, already on threads, with `tab`, one at a time.
     tables = tabulate(Tabulator(graphdef, settings.workers), pre, settings.vs_samples, settings.seeds)
     diag = pretraining_diagnostics(tables, personas.base_simulator(), settings.pretrain.heldout_priors)
     diag["sft_losses"] = {k: np.asarray(v).tolist() for k, v in pre.losses.items()}

@@ -29,7 +29,7 @@ _FINAL_REWARD = personas.reward(personas.STATE_SCORE[LEVELS[-1], None, None]
                                 + personas.SCORE_WEIGHTS).astype(np.float32)  # [n_last, 1, U]
 
 
-_POLICY = jax.jit(lm.agent_policy_table, static_argnums=0)
+POLICY_TABLE = jax.jit(lm.agent_policy_table, static_argnums=0)  # shared with testbed.experiment's Tabulator
 
 
 def policy_value(policy: jax.Array, sim: jax.Array) -> jax.Array:
@@ -82,6 +82,6 @@ class GradientPanel:
         self._cotangents, self._panel = jax.jit(cotangents), jax.jit(panel)
 
     def __call__(self, params, train: np.ndarray, population: np.ndarray) -> dict[str, float]:
-        policy = _POLICY(self.graphdef, params)
+        policy = POLICY_TABLE(self.graphdef, params)
         cotangents = self._cotangents(policy, jnp.asarray(train, jnp.float32), jnp.asarray(population, jnp.float32))
         return {k: float(v) for k, v in self._panel(params, cotangents).items()}

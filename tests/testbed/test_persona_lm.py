@@ -73,7 +73,8 @@ def test_agent_table_matches_the_models_next_token_distribution(models):
 
 
 def test_agent_tables_gradient_matches_one_full_forward_over_every_state(models):
-    """The level-by-level pass (shared prefixes) against one forward over every state's whole history."""
+    """The level-by-level pass (copies of the parent's cache) against one forward over every state's whole
+    history."""
     graphdef, agent, _ = models
 
     def full_forward(params):
