@@ -6,8 +6,8 @@ default  every arm of the comparison on 5 seeds: untrained, the two controls (fr
          minutes on the 2-core CPU (`python -m experiments.bench collapse` measures it).
 all      the default plus mixture (the four collapsed simulators within every step) and Population
          Co-Training from the base model's persona modes.
-sweep    Co-Training like for like over the simulators' KL weight (0 included) at the default simulator
-         learning rate, with the controls; the default's setting is chosen from it by the rule in
+sweep    Co-Training like for like over the simulators' KL weight (0 included) and learning rate, with
+         the controls; the default's setting is chosen from it by the rule in
          docs/results/README.md. It pretrains the default's models too, so that the default run can
          resume from its pretraining and controls (docs/results/README.md says how).
 quick    the end-to-end test's run (at most 2 minutes, mostly compilation): 1-layer models, small
@@ -40,7 +40,7 @@ def get_config(arg: str | None = None):
         config.arms = ("untrained", "frozen", "frozen_base")
         config.pretrain_for = collapse.DEFAULT_ARMS
         config.sweep.kl_coefs = (0.0, 1.0, 2.0, 4.0, 8.0)
-        config.sweep.sim_learning_rates = (5e-4,)  # cut from {1e-4, 5e-4, 2e-3}: docs/results/README.md
+        config.sweep.sim_learning_rates = (1e-4, 5e-4, 2e-3)
     elif arg:
         raise ValueError(f"unknown collapse config argument {arg!r} (known: quick, all, sweep)")
     return config

@@ -30,13 +30,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
-from transformers import PreTrainedTokenizerBase
 
 from scope_jax import kv_cache
 from scope_jax.dialogue.episode import Episode, Message
@@ -44,6 +43,9 @@ from scope_jax.dialogue.views import RoleView, template_tools
 from scope_jax.envs.base import Environment
 from scope_jax.kv_cache import CacheStats
 from scope_jax.sampling import SampleOutput, SamplingConfig, generate, generate_population
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 

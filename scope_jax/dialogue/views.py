@@ -25,12 +25,13 @@ rewrote, removed or hid an earlier message).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, Sequence
 
 from scope_jax.dialogue.episode import Message
 from scope_jax.models.tokenizer import template_pieces
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class ViewError(RuntimeError):

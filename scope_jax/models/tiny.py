@@ -3,10 +3,14 @@ small decoder configs. They run through exactly the same code as real LLMs."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from scope_jax.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -20,6 +24,8 @@ def word_tokenizer(words: tuple[str, ...], chat_template: str = CHATML_TEMPLATE)
     """Whitespace-split word-level tokenizer over SPECIAL_TOKENS + TEMPLATE_WORDS + `words`, with a
     ChatML chat template (or `chat_template`, whose own words must be among `words`); <|im_end|> is the
     end-of-turn (eos) token and <pad> is id 0."""
+    from transformers import PreTrainedTokenizerFast
+
     tokens = dict.fromkeys(SPECIAL_TOKENS + TEMPLATE_WORDS + tuple(words))
     vocab = {token: i for i, token in enumerate(tokens)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))

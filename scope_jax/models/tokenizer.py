@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import weakref
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+if TYPE_CHECKING:  # transformers (and torch behind it) loads only when a tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
 
 # Stand-ins for message contents when rendering the template's own text: Unicode private-use
 # characters, which no chat template writes or alters.
@@ -15,6 +16,8 @@ _MARKER = "\ue000{}\ue001"
 
 def load_tokenizer(folder: str) -> PreTrainedTokenizerBase:
     """The tokenizer saved in a local folder (tokenizer.json + tokenizer_config.json); never the network."""
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 

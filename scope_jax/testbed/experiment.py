@@ -444,7 +444,8 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
             except IndexError:
                 break
             try:
-                progress(f"arm {arm.name}")
+                with log_lock:  # print writes the line and its newline separately
+                    progress(f"arm {arm.name}")
                 done[arm.name] = run_arm(arm, settings, pre, tables, tab, panel, keys)
             except BaseException:
                 failed.set()  # the other threads stop after their current arm
