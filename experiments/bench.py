@@ -391,19 +391,31 @@ def bench_rollout(args: argparse.Namespace) -> float:
     return ratios.get(("SmolLM2-135M", "p4g"), float("nan"))
 
 
-DECODE_KINDS = (  # (kind, pattern of the jax op name or HLO instruction) in the order they are tried
-    ("output head", r"\.\.\.d,dv->\.\.\.v"), ("attention", r"nhqd,nhsd->nhqs|nhqs,nhsd->nhqd"),
+DECODE_KINDS = (  # (kind, pattern of the jax op name or HLO instruction) in the order they are tried;
+    # the head is token-major in the prefill and feature-major (vd,db->vb) in the decode loop
+    ("output head", r"\.\.\.d,dv->\.\.\.v|vd,db->vb"), ("attention", r"nhqd,nhsd->nhqs|nhqs,nhsd->nhqd"),
     ("layer matmuls", r"dot_general|^dot|ynn"), ("cache writes", r"dynamic.update.slice|scatter"),
     ("sampling", r"argmax|log_softmax|top_k|categorical|reduce_max|exp|sort"),
     ("copies / transposes", r"^copy|^transpose|\bcopy"),
 )
 
 
+def compiled_ops(fn: Callable, *args) -> dict[str, str]:
+    """{HLO instruction: jax op name} of jitted `fn` compiled for `args`."""
+    hlo = fn.lower(*args).compile().as_text()
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\s+%(\S+) = .*?op_name=\"([^\"]*)\"", hlo, re.M)}
+
+
+def op_kind(name: str, op: str) -> str:
+    """The DECODE_KINDS kind of HLO instruction `name` with jax op name `op` (else "other")."""
+    matches = (kind for kind, pattern in DECODE_KINDS if re.search(pattern, op) or re.search(pattern, name))
+    return next(matches, "other")
+
+
 def profiled_ops(fn: Callable, *args) -> Iterator[tuple[str, str, float]]:
     """(HLO instruction, jax op name, seconds) of each XLA op run by one profiled call of jitted `fn`
     (while loops left out: their bodies' ops are counted)."""
-    hlo = fn.lower(*args).compile().as_text()
-    ops = {m.group(1): m.group(2) for m in re.finditer(r"^\s+%(\S+) = .*?op_name=\"([^\"]*)\"", hlo, re.M)}
+    ops = compiled_ops(fn, *args)
     with tempfile.TemporaryDirectory() as folder:
         with jax.profiler.trace(folder, create_perfetto_trace=True):
             jax.block_until_ready(fn(*args))
@@ -419,9 +431,7 @@ def op_seconds(fn: Callable, *args) -> collections.Counter:
     """XLA op seconds of one profiled call of jitted `fn`, by DECODE_KINDS (else "other")."""
     seconds = collections.Counter()
     for name, op, duration in profiled_ops(fn, *args):
-        kind = next((kind for kind, pattern in DECODE_KINDS
-                     if re.search(pattern, op) or re.search(pattern, name)), "other")
-        seconds[kind] += duration
+        seconds[op_kind(name, op)] += duration
     return seconds
 
 

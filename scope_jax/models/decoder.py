@@ -249,6 +249,9 @@ class Block(nnx.Module):
         qkv = weights.qkv.astype(dtype) @ self.input_layernorm(x, axis=0)
         if weights.qkv_bias is not None:
             qkv = qkv + weights.qkv_bias.astype(dtype)[:, None]
+        # Left to itself, XLA folds the transpose below into the matmul, which then runs token-major on
+        # XLA:CPU's slower generic dot; the barrier keeps the fast [out, in] @ [in, B] form.
+        qkv = jax.lax.optimization_barrier(qkv)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         q, k, v = jnp.split(qkv.T[:, None], [q_size, q_size + kv_size], axis=-1)  # each [B, 1, size]
         heads = lambda a, n: a.reshape(a.shape[0], 1, n, c.head_dim)
