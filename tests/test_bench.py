@@ -11,7 +11,6 @@ from experiments.configs.target_word import get_config
 from scope_jax import sampling
 from scope_jax.models import decoder
 from scope_jax.models.tiny import tiny_config
-from scope_jax.sampling import SamplingConfig
 from scope_jax.training import rl_step
 from scope_jax.training.setup import build
 
@@ -35,7 +34,7 @@ def test_the_decode_breakdown_counts_the_decode_loops_output_head_as_the_head():
     files the head's time under layer matmuls."""
     graphdef, params = decoder.init(tiny_config(64), seed=0)
     args = (graphdef, params, jnp.ones((2, 4), jnp.int32), jnp.full(2, 4, jnp.int32), jax.random.key(0),
-            SamplingConfig(temperature=0.0, max_new_tokens=3))
+            sampling.SamplingConfig(temperature=0.0, max_new_tokens=3))
     ops = compiled_ops(sampling._decode_jit, *args)
     loop_kinds = {op_kind(name, op) for name, op in ops.items() if "/while/body/" in op}
     assert {"output head", "layer matmuls", "attention"} <= loop_kinds, loop_kinds
