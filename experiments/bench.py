@@ -231,7 +231,7 @@ ROLLOUT_SHAPES = {"p4g": RolloutShape(turns=10, message=40, prompt=512),
                   "tau2": RolloutShape(turns=20, message=40, prompt=4096)}
 TEMPLATE_TOKENS = 8  # e.g. "<|im_end|>\n<|im_start|>user\n" before and "...assistant\n" after a message
 # Turns run by default where re-prefilling every turn takes tens of minutes on this CPU (--full: all).
-QUICK_TURNS = {("SmolLM2-135M", "tau2"): 4}
+QUICK_TURNS = {("SmolLM2-135M", "tau2"): 2}
 
 
 def peak_rss_above(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -246,6 +246,14 @@ def peak_rss_above(fn: Callable[[], Any]) -> tuple[Any, float]:
     before = status("VmRSS:")
     out = fn()
     return out, status("VmHWM:") - before
+
+
+@dataclasses.dataclass(frozen=True)
+class Played:
+    """One played dialogue: each turn's replies [rows, reply_tokens] and its wall seconds."""
+
+    replies: list[np.ndarray]
+    seconds: list[float]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,24 +272,33 @@ class SyntheticDialogue:
         others = rng.randint(1, vocab, (turns, rows, shape.message + TEMPLATE_TOKENS)).astype(np.int32)
         return cls(np.concatenate([prompt, others[0]], axis=1).astype(np.int32), others, shape.message)
 
-    def play(self, reply: Callable[[np.ndarray], np.ndarray]) -> list[np.ndarray]:
-        """Each turn's replies [rows, reply_tokens], `reply` mapping the history so far to them."""
-        history, replies = self.first, []
-        for turn in range(len(self.others)):
-            replies.append(np.asarray(reply(history)))
+    def history_lengths(self) -> list[int]:
+        """The length of the history each turn replies to."""
+        grown = self.reply_tokens + self.others.shape[2]  # a reply, then the other side's next turn
+        return [self.first.shape[1] + turn * grown for turn in range(len(self.others))]
+
+    def play(self, reply: Callable[[np.ndarray], np.ndarray], turns: int | None = None) -> Played:
+        """The first `turns` turns (default: all); `reply` maps the history so far to the turn's replies."""
+        history, played = self.first, Played([], [])
+        for turn in range(turns or len(self.others)):
+            start = time.perf_counter()
+            played.replies.append(np.asarray(reply(history)))
+            played.seconds.append(time.perf_counter() - start)
             if turn + 1 < len(self.others):
-                history = np.concatenate([history, replies[-1], self.others[turn + 1]], axis=1)
-        return replies
+                history = np.concatenate([history, played.replies[-1], self.others[turn + 1]], axis=1)
+        return played
 
 
-def ours_rollout_columns(graphdef, params, dialogue: SyntheticDialogue,
-                         mesh=None) -> dict[str, Callable[[], list[np.ndarray]]]:
-    """{column: play the whole dialogue greedily}: with per-row caches kept across turns (one group, so
-    the prompt is a shared prefix), and re-prefilling every turn's history."""
+PlayFn = Callable[..., Played]  # play(turns=None): the first `turns` turns of the dialogue (default all)
+
+
+def ours_rollout_columns(graphdef, params, dialogue: SyntheticDialogue, mesh=None) -> dict[str, PlayFn]:
+    """{column: play the dialogue greedily}: with per-row caches kept across turns (one group, so the
+    prompt is a shared prefix), and re-prefilling every turn's history."""
     config = SamplingConfig(temperature=0.0, max_new_tokens=dialogue.reply_tokens)
     key, rows = jax.random.key(0), len(dialogue.first)
 
-    def cached():
+    def cached(turns: int | None = None) -> Played:
         cache = kv_cache.create(graphdef, params, rows, mesh=mesh)
 
         def reply(history):
@@ -289,19 +306,33 @@ def ours_rollout_columns(graphdef, params, dialogue: SyntheticDialogue,
             out, cache = kv_cache.generate(graphdef, params, cache, list(history), key, config)
             return out.tokens
 
-        return dialogue.play(reply)
+        return dialogue.play(reply, turns)
 
-    def reprefilling():
-        return dialogue.play(lambda history: jax.device_get(generate(
-            graphdef, params, history, np.full(rows, history.shape[1]), key, config, mesh).tokens))
+    def reprefilling(turns: int | None = None) -> Played:
+        reply = lambda history: reprefilled_reply(graphdef, params, history, config, mesh)
+        return dialogue.play(reply, turns)
 
     return {"ours, cached": cached, "ours, re-prefilling": reprefilling}
 
 
-def torch_rollout_columns(reference,
-                          dialogue: SyntheticDialogue) -> dict[str, Callable[[], list[np.ndarray]]]:
-    """{column: play the whole dialogue greedily with transformers}: `generate` on the whole history each
-    turn, and the same carrying its DynamicCache across turns (it then prefills only the new tokens)."""
+def reprefilled_reply(graphdef, params, history: np.ndarray, config: SamplingConfig, mesh=None) -> np.ndarray:
+    """Ours re-prefilling: the replies [rows, max_new_tokens] to whole histories [rows, length]."""
+    lengths, key = np.full(len(history), history.shape[1]), jax.random.key(0)
+    return jax.device_get(generate(graphdef, params, history, lengths, key, config, mesh).tokens)
+
+
+def reprefilling_compiles(dialogue: SyntheticDialogue, turns: int) -> list[int]:
+    """The turns (of the first `turns`) at which ours re-prefilling meets a new padded history length,
+    so compiles a new program: `generate` pads each history to `bucket(length, MIN_PROMPT_BUCKET)`."""
+    first_turn = {}
+    for turn, length in enumerate(dialogue.history_lengths()[:turns]):
+        first_turn.setdefault(sampling.bucket(length, sampling.MIN_PROMPT_BUCKET), turn)
+    return sorted(first_turn.values())
+
+
+def torch_rollout_columns(reference, dialogue: SyntheticDialogue) -> dict[str, PlayFn]:
+    """{column: play the dialogue greedily with transformers}: `generate` on the whole history each turn,
+    and the same carrying its DynamicCache across turns (it then prefills only the new tokens)."""
     import torch
     from transformers import DynamicCache
 
@@ -313,12 +344,25 @@ def torch_rollout_columns(reference,
                                      max_new_tokens=new, min_new_tokens=new, pad_token_id=0, cache=cache)
         return out[:, history.shape[1]:].numpy()
 
-    def carrying_cache():
-        cache = DynamicCache()
-        return dialogue.play(lambda history: reply(history, cache))
+    def reprefilling(turns: int | None = None) -> Played:
+        return dialogue.play(reply, turns)
 
-    return {"transformers, re-prefilling": lambda: dialogue.play(reply),
-            "transformers, past_key_values": carrying_cache}
+    def carrying_cache(turns: int | None = None) -> Played:
+        cache = DynamicCache()
+        return dialogue.play(lambda history: reply(history, cache), turns)
+
+    return {"transformers, re-prefilling": reprefilling, "transformers, past_key_values": carrying_cache}
+
+
+# Columns that keep what they computed across turns: cheap enough to play every turn of every shape.
+INCREMENTAL = ("ours, cached", "transformers, past_key_values")
+
+
+def full_dialogue_seconds(measured: list[float], turns: int) -> float:
+    """A lower bound on a re-prefilling column's wall time over all `turns` turns from its first measured
+    ones: each later turn re-prefills a longer history (and decodes the same tokens over a longer cache),
+    so takes at least as long as the fastest measured turn."""
+    return sum(measured) + (turns - len(measured)) * min(measured)
 
 
 ROLLOUT_TABLE = (  # (label, key, format) of each column of the rollout table
@@ -328,22 +372,28 @@ ROLLOUT_TABLE = (  # (label, key, format) of each column of the rollout table
     ("peak MiB", "peak_mib", "{:>8.0f}"), ("compile s", "compile_s", "{:>9}"),
     ("same tok", "same", "{:>8.2f}"),
 )
+FULL_DIALOGUE_TABLE = (  # the whole shape, where the re-prefilling columns ran only its first turns
+    ("model", "model", "{:<13}"), ("shape", "shape", "{:<5}"), ("column", "column", "{:<29}"),
+    ("measured turns", "measured", "{:>14}"), ("wall s, all turns", "seconds", "{:>17}"),
+    ("cached x", "speedup", "{:>8}"),
+)
 
 
 def print_table(rows: list[dict[str, Any]], spec: tuple[tuple[str, str, str], ...]) -> None:
     """Rows (dicts) as aligned columns, one per (label, key, format) of `spec`, separated by a space."""
-    widths = [len(fmt.format(row[key])) for row in rows[:1] for _, key, fmt in spec]
+    widths = [max(len(label), len(fmt.format(row[key]))) for row in rows[:1] for label, key, fmt in spec]
     print(" ".join(f"{label:>{w}}" if ">" in fmt else f"{label:<{w}}"
                    for (label, _, fmt), w in zip(spec, widths)))
     for row in rows:
-        print(" ".join(fmt.format(row[key]) for _, key, fmt in spec))
+        print(" ".join(f"{fmt.format(row[key]):>{w}}" if ">" in fmt else f"{fmt.format(row[key]):<{w}}"
+                       for (_, key, fmt), w in zip(spec, widths)))
 
 
 @benchmark
 def bench_rollout(args: argparse.Namespace) -> float:
     import torch
 
-    rows, table, ratios = 16, [], {}
+    rows, table, full_table, ratios = 16, [], [], {}
     shapes = {name: ROLLOUT_SHAPES[name] for name in args.shapes}
     for name, model_config, graphdef, params in models(args.models):
         reference = torch_model(model_config, params).eval()
@@ -351,42 +401,70 @@ def bench_rollout(args: argparse.Namespace) -> float:
                                                            max_new_tokens=4, pad_token_id=0))
         for shape_name, shape in shapes.items():
             quick = QUICK_TURNS.get((name, shape_name), shape.turns)
-            turns = args.turns or (shape.turns if args.full else quick)
-            dialogue = SyntheticDialogue.make(shape, turns, rows, model_config.vocab_size)
+            turns = min(args.turns or (shape.turns if args.full else quick), shape.turns)
+            dialogue = SyntheticDialogue.make(shape, shape.turns, rows, model_config.vocab_size)
             ours = ours_rollout_columns(graphdef, params, dialogue)
-            first = {column: timed(play, 0)[0] for column, play in ours.items()}  # compiles
             columns = {**ours, **torch_rollout_columns(reference, dialogue)}
-            best, peak = dict.fromkeys(columns, float("inf")), dict.fromkeys(columns, 0.0)
-            replies = {}
+            played_turns = {column: shape.turns if column in INCREMENTAL else turns for column in columns}
+            # Compile: the cached column's whole dialogue; one re-prefill per padded history length.
+            warm_turns = reprefilling_compiles(dialogue, turns)
+            config = SamplingConfig(temperature=0.0, max_new_tokens=shape.message)
+            warm_up = {"ours, cached": lambda: ours["ours, cached"](),
+                       "ours, re-prefilling": lambda: [
+                           reprefilled_reply(graphdef, params, np.ones((rows, length), np.int32), config)
+                           for length in np.array(dialogue.history_lengths())[warm_turns]]}
+            first = {column: timed(fn, 0)[0] for column, fn in warm_up.items()}
+            best = dict.fromkeys(columns, float("inf"))
+            played, peak = {}, dict.fromkeys(columns, 0.0)
             for _ in range(args.repeats):  # alternating, as best_of, with each run's peak memory
                 for column, play in columns.items():
-                    start = time.perf_counter()
-                    replies[column], added = peak_rss_above(play)
-                    best[column] = min(best[column], time.perf_counter() - start)
+                    run, added = peak_rss_above(lambda: play(played_turns[column]))
+                    if sum(run.seconds) < best[column]:
+                        best[column], played[column] = sum(run.seconds), run
                     peak[column] = max(peak[column], added)
-            reprefilled = np.concatenate(replies["ours, re-prefilling"], 1)
+            # The first `turns` turns of every column, like for like.
+            seconds = {column: sum(played[column].seconds[:turns]) for column in columns}
+            compile_s = {"ours, cached": first["ours, cached"] - best["ours, cached"],
+                         "ours, re-prefilling": first["ours, re-prefilling"]
+                         - sum(played["ours, re-prefilling"].seconds[turn] for turn in warm_turns)}
+            reprefilled = np.concatenate(played["ours, re-prefilling"].replies, 1)
             for column in columns:
                 table.append(dict(
                     model=name, shape=shape_name, turns=f"{turns}/{shape.turns}", column=column,
-                    tokens_per_s=rows * turns * shape.message / best[column], seconds=best[column],
-                    turn_s=best[column] / turns,
-                    speedup=best[column] / best["ours, cached"], peak_mib=peak[column] / 2**20,
-                    compile_s=f"{first[column] - best[column]:.1f}" if column in first else "",
-                    same=float(np.mean(np.concatenate(replies[column], 1) == reprefilled))))
-            ratios[name, shape_name] = best["transformers, re-prefilling"] / best["ours, cached"]
-            times = ", ".join(f"{column} {best[column]:.1f}s" for column in columns)
-            ratio = ratios[name, shape_name]
-            print(f"  {name} {shape_name} ({turns} turns): {times}; ratio {ratio:.2f}", flush=True)
+                    tokens_per_s=rows * turns * shape.message / seconds[column], seconds=seconds[column],
+                    turn_s=seconds[column] / turns, speedup=seconds[column] / seconds["ours, cached"],
+                    peak_mib=peak[column] / 2**20,
+                    compile_s=f"{compile_s[column]:.1f}" if column in compile_s else "",
+                    same=float(np.mean(np.concatenate(played[column].replies[:turns], 1) == reprefilled))))
+                if turns < shape.turns:  # the incremental columns measured; a bound for the others
+                    measured = played[column].seconds
+                    full, bound = ((sum(measured), "") if column in INCREMENTAL else
+                                   (full_dialogue_seconds(measured, shape.turns), ">= "))
+                    full_table.append(dict(
+                        model=name, shape=shape_name, column=column,
+                        measured=f"{len(measured)}/{shape.turns}", seconds=f"{bound}{full:.1f}",
+                        speedup=f"{bound}{full / best['ours, cached']:.2f}"))
+            ratios[name, shape_name] = seconds["transformers, re-prefilling"] / seconds["ours, cached"]
+            times = ", ".join(f"{column} {seconds[column]:.1f}s" for column in columns)
+            print(f"  {name} {shape_name} ({turns} turns): {times}; ratio {ratios[name, shape_name]:.2f}",
+                  flush=True)
     described = "; ".join(f"{n} = {s.turns} turns of {s.message}-token replies after {s.message}-token "
                           f"messages (+{TEMPLATE_TOKENS} template tokens), {s.prompt}-token shared prompt"
                           for n, s in shapes.items())
     print(f"\nrollout: greedy, batch {rows}, no early stop; best of {args.repeats} alternating warm "
           f"dialogues; torch {threads} thread(s); shapes: {described}")
     print_table(table, ROLLOUT_TABLE)
-    print("turns: run / of the shape (the first ones; --full runs all); s/turn: wall s / turns run; "
-          "cached x: this column's wall time over ours cached; peak MiB: peak RSS added over the RSS before "
-          "the run (the weights already loaded); compile s: the first dialogue's extra time (jax "
-          "compilation); same tok: replies equal to ours re-prefilling's")
+    print("turns: the first ones, as many as the re-prefilling columns ran (--full: all); s/turn: wall s / "
+          "turns; cached x: this column's wall time over ours cached; peak MiB: peak RSS added over the RSS "
+          "before the column's run (the weights already loaded; the incremental columns, ours cached and "
+          "transformers past_key_values, run every turn of the shape); compile s: jax compilation (the "
+          "cached column's first dialogue, the re-prefilling column's first call at each padded length, "
+          "over the same warm work); same tok: replies equal to ours re-prefilling's")
+    if full_table:
+        print("\nall turns of the shape: the incremental columns measured; the re-prefilling columns at "
+              "least their measured turns plus each later turn at their fastest measured turn's time (a "
+              "later turn re-prefills a longer history)")
+        print_table(full_table, FULL_DIALOGUE_TABLE)
     print("headline: SmolLM2-135M, p4g shape: ours cached over transformers re-prefilling")
     return ratios.get(("SmolLM2-135M", "p4g"), float("nan"))
 

@@ -163,7 +163,10 @@ def decode(graphdef: nnx.GraphDef, params: Params, prompt_tokens: jax.Array, pro
 
     # Prefill: the prompts' keys and values (P slots: prompts attend only among themselves) and the
     # logits after each row's last prompt token.
-    positions = jnp.broadcast_to(jnp.arange(prompt_len, dtype=jnp.int32), (batch, prompt_len))
+    # Padding sits at position -1, where it sees no key: blockwise attention skips every tile whose
+    # queries are all padding (the rows' tails past the longest prompt, all of a padded bucket's tail).
+    index = jnp.arange(prompt_len, dtype=jnp.int32)
+    positions = jnp.where(index < prompt_lengths[:, None], index, -1)
     cache = KVCache.zeros(model.config, batch, prompt_len, params["embed_tokens"]["embedding"].dtype)
     hidden, cache = model.hidden(prompt_tokens, positions, cache)
     logits = last_logits(model, hidden, prompt_lengths)

@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench import compiled_ops, op_kind, recompute_logprobs
+from experiments.bench import (RolloutShape, SyntheticDialogue, compiled_ops, full_dialogue_seconds, op_kind,
+                               recompute_logprobs, reprefilled_reply, reprefilling_compiles)
 from experiments.configs.target_word import get_config
 from scope_jax import sampling
 from scope_jax.models import decoder
@@ -38,3 +39,33 @@ def test_the_decode_breakdown_counts_the_decode_loops_output_head_as_the_head():
     ops = compiled_ops(sampling._decode_jit, *args)
     loop_kinds = {op_kind(name, op) for name, op in ops.items() if "/while/body/" in op}
     assert {"output head", "layer matmuls", "attention"} <= loop_kinds, loop_kinds
+
+
+def test_history_lengths_are_the_lengths_play_replies_to():
+    shape = RolloutShape(turns=5, message=3, prompt=7)
+    dialogue = SyntheticDialogue.make(shape, shape.turns, rows=2, vocab=50)
+    seen = []
+    reply = lambda history: seen.append(history.shape[1]) or np.ones((2, 3), np.int32)
+    played = dialogue.play(reply, turns=4)
+    assert seen == dialogue.history_lengths()[:4]
+    assert len(played.replies) == len(played.seconds) == 4
+
+
+def test_reprefilling_compiles_at_exactly_the_turns_generate_compiles():
+    """Counted against jit's own cache: the warm-up must compile every program the timed run needs."""
+    graphdef, params = decoder.init(tiny_config(64), seed=0)
+    shape = RolloutShape(turns=6, message=5, prompt=9)  # histories 22, 40, 58, 76: buckets 32, 64, 64, 128
+    dialogue = SyntheticDialogue.make(shape, shape.turns, rows=2, vocab=64)
+    config = sampling.SamplingConfig(temperature=0.0, max_new_tokens=shape.message, pad_token_id=63)
+    compiled_at = []
+    for turn, length in enumerate(dialogue.history_lengths()):
+        before = sampling._decode_jit._cache_size()
+        reprefilled_reply(graphdef, params, np.ones((2, length), np.int32), config)
+        if sampling._decode_jit._cache_size() > before:
+            compiled_at.append(turn)
+    assert compiled_at == reprefilling_compiles(dialogue, shape.turns) == [0, 1, 3]
+
+
+def test_the_full_dialogue_bound_adds_each_unmeasured_turn_at_the_fastest_measured_time():
+    assert full_dialogue_seconds([3.0, 2.0, 4.0], turns=5) == 3.0 + 2.0 + 4.0 + 2 * 2.0
+    assert full_dialogue_seconds([3.0, 2.0], turns=2) == 5.0
