@@ -414,6 +414,7 @@ def bench_rollout(args: argparse.Namespace) -> float:
                            reprefilled_reply(graphdef, params, np.ones((rows, length), np.int32), config)
                            for length in np.array(dialogue.history_lengths())[warm_turns]]}
             first = {column: timed(fn, 0)[0] for column, fn in warm_up.items()}
+            print(f"    {name} {shape_name}: compiled, warm in {sum(first.values()):.0f}s", flush=True)
             best = dict.fromkeys(columns, float("inf"))
             played, peak = {}, dict.fromkeys(columns, 0.0)
             for _ in range(args.repeats):  # alternating, as best_of, with each run's peak memory
@@ -422,6 +423,8 @@ def bench_rollout(args: argparse.Namespace) -> float:
                     if sum(run.seconds) < best[column]:
                         best[column], played[column] = sum(run.seconds), run
                     peak[column] = max(peak[column], added)
+                    print(f"    {name} {shape_name}, {column}: {played_turns[column]} turns in "
+                          f"{sum(run.seconds):.1f}s", flush=True)
             # The first `turns` turns of every column, like for like.
             seconds = {column: sum(played[column].seconds[:turns]) for column in columns}
             compile_s = {"ours, cached": first["ours, cached"] - best["ours, cached"],
