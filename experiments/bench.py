@@ -20,7 +20,12 @@ ever makes a run slower, and alternating exposes both sides to the same load.
               across turns. Shapes: p4g (10 turns, 40-token messages, 512-token prompt) and tau2 (20
               turns, 40-token messages, 4,096-token prompt). Generated tokens/s, wall time, and the peak
               resident memory each column adds (peak RSS above the RSS before it, the weights already
-              loaded). Headline: ours cached over transformers re-prefilling, SmolLM2, p4g shape.
+              loaded). The re-prefilling columns play the first --turns turns (default: all, fewer where
+              QUICK_TURNS says so; --full: all), the two incremental ones every turn; where the former
+              stop early, a second table gives each column's time over the whole dialogue: measured for
+              the incremental columns, a lower bound for the others (each unplayed turn re-prefills a
+              longer history than any played one, so takes at least the fastest played turn's time).
+              Headline: ours cached over transformers re-prefilling, SmolLM2, p4g shape.
   train_step  forward + backward of the masked mean token log-prob loss (`scope_jax.logprobs`), batch
               8 x 256, tokens/s against PyTorch on the same weights, and achieved GFLOP/s against this
               machine's float32 matmul peak measured in the same run. Headline: SmolLM2. Where the time
@@ -230,7 +235,7 @@ class RolloutShape:
 ROLLOUT_SHAPES = {"p4g": RolloutShape(turns=10, message=40, prompt=512),
                   "tau2": RolloutShape(turns=20, message=40, prompt=4096)}
 TEMPLATE_TOKENS = 8  # e.g. "<|im_end|>\n<|im_start|>user\n" before and "...assistant\n" after a message
-# Turns run by default where re-prefilling every turn takes tens of minutes on this CPU (--full: all).
+# Turns the re-prefilling columns play by default where all of them take hours on a 2-core CPU (--full: all).
 QUICK_TURNS = {("SmolLM2-135M", "tau2"): 2}
 
 
@@ -846,8 +851,9 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[16, 64], help="sampler batch sizes")
     parser.add_argument("--shapes", nargs="+", default=list(ROLLOUT_SHAPES), choices=list(ROLLOUT_SHAPES),
                         help="rollout: dialogue shapes")
-    parser.add_argument("--turns", type=int, default=None, help="rollout: turns per dialogue (default: the "
-                        "shape's, fewer where QUICK_TURNS says so)")
+    parser.add_argument("--turns", type=int, default=None,
+                        help="rollout: turns the re-prefilling columns play (default: the shape's, fewer "
+                        "where QUICK_TURNS says so; the incremental columns play all)")
     parser.add_argument("--full", action="store_true", help="rollout: every shape's full number of turns")
     parser.add_argument("--collapse-configs", nargs="+", default=["default", "quick"],
                         choices=["default", "quick"], help="collapse: the configs to run")
