@@ -9,8 +9,9 @@ ever makes a run slower, and alternating exposes both sides to the same load.
               early stop) against transformers `generate` in PyTorch on the same float32 weights, batch 16
               and 64, for a ~5M-parameter random Llama and SmolLM2-135M. Headline: SmolLM2 at batch 16.
               Where the time goes: prefill vs per-token decode, against the time to read every weight
-              once (what a decode step costs at least when it is memory-bound), and a decode step's XLA
-              op time by kind (layer matmuls, output head, attention, cache writes, sampling, copies).
+              once (what a decode step costs at least when it is memory-bound), a decode step's XLA
+              op time by kind (layer matmuls, output head, attention, cache writes, sampling, copies),
+              and the step's matmuls alone, in XLA and in torch (what thin matmuls cost each of them).
   rollout     multi-turn greedy rollouts at the sampler level, batch 16, on synthetic dialogues (a shared
               system prompt, then per turn a fixed random 'other side' message and template tokens, and
               the model's own reply of `message` tokens, no early stop; the same inputs for every column):
@@ -150,6 +151,40 @@ def weight_read_seconds(params: Any, repeats: int) -> float:
     return timed(lambda: jax.block_until_ready(total(params)), repeats)[1]
 
 
+def decode_step_matrices(params: Any, config: ModelConfig) -> list[np.ndarray]:
+    """The [out, in] matrices one decode step multiplies, laid out as `Block.decode_step` has them (per
+    layer q/k/v fused, o, gate/up fused, down), then the output head."""
+    attn, mlp = params["layers"]["self_attn"], params["layers"]["mlp"]
+    kernels = lambda *parts: np.concatenate([np.asarray(part["kernel"]) for part in parts], axis=-1)
+    per_layer = (kernels(attn["q_proj"], attn["k_proj"], attn["v_proj"]), kernels(attn["o_proj"]),
+                 kernels(mlp["gate_proj"], mlp["up_proj"]), kernels(mlp["down_proj"]))
+    head = (np.asarray(params["embed_tokens"]["embedding"]) if config.tie_word_embeddings
+            else np.asarray(params["lm_head"]["kernel"]).T)
+    matrices = [w[layer].T for layer in range(config.num_layers) for w in per_layer] + [head]
+    return [np.array(w, order="C") for w in matrices]
+
+
+def decode_matmul_seconds(params: Any, config: ModelConfig, batch: int, repeats: int) -> dict[str, float]:
+    """Best time of one decode step's matmuls alone, each [out, in] @ [in, batch] on fixed inputs: XLA
+    (jitted, as the step runs them) and torch (`F.linear`, its natural layout, at its current threads)."""
+    import torch
+
+    matrices = decode_step_matrices(params, config)
+    rng = np.random.RandomState(0)
+    inputs = [rng.standard_normal((w.shape[1], batch)).astype(np.float32) for w in matrices]
+    xla = jax.jit(lambda ws, xs: [w @ x for w, x in zip(ws, xs)])
+    ws, xs = [jnp.asarray(w) for w in matrices], [jnp.asarray(x) for x in inputs]
+    tws, txs = [torch.from_numpy(w) for w in matrices], [torch.from_numpy(x.T.copy()) for x in inputs]
+
+    def torch_step():
+        with torch.inference_mode():
+            return [torch.nn.functional.linear(x, w) for w, x in zip(tws, txs)]
+
+    jax.block_until_ready(xla(ws, xs))
+    torch_step()
+    return best_of({"XLA": lambda: jax.block_until_ready(xla(ws, xs)), "torch": torch_step}, repeats)
+
+
 @benchmark
 def bench_sampler(args: argparse.Namespace) -> float:
     import torch
@@ -197,7 +232,8 @@ def bench_sampler(args: argparse.Namespace) -> float:
                 headline = ratio
             if batch == args.batches[0]:
                 kinds = decode_step_breakdown(graphdef, params, prompts.astype(np.int32), 17)
-                breakdowns[name, batch] = (kinds, step_ms, read_s * 1e3)
+                matmuls = decode_matmul_seconds(params, model_config, batch, args.repeats)
+                breakdowns[name, batch] = (kinds, step_ms, read_s * 1e3, matmuls, threads)
     print(f"\nsampler: greedy, prompt {prompt_len}, {new} new tokens, best of {args.repeats} alternating "
           "warm runs")
     print(f"{'model':<14}{'batch':>6}{'ours tok/s':>11}{'torch tok/s':>12}{'threads':>8}{'ratio':>7}"
@@ -213,12 +249,14 @@ def bench_sampler(args: argparse.Namespace) -> float:
           "ms: one pass over all parameters (a memory-bound step's floor); threads: torch's faster setting")
     print("\nwhere a decode step goes (XLA op time of one step, 16 new tokens minus the prefill, summed over "
           "threads; the step's wall time against the weight-read floor):")
-    for (name, batch), (kinds, step_ms, read_ms) in breakdowns.items():
+    for (name, batch), (kinds, step_ms, read_ms, matmuls, threads) in breakdowns.items():
         total = sum(kinds.values())
         parts = ", ".join(f"{kind} {ms:.1f} ms ({ms / total:.0%})"
                           for kind, ms in sorted(kinds.items(), key=lambda item: -item[1]))
         print(f"  {name} batch {batch}: step {step_ms:.1f} ms = {step_ms / read_ms:.2f} x {read_ms:.1f} ms; "
               f"{parts}")
+        print(f"    the step's matmuls alone ([out, in] @ [in, {batch}]): XLA {matmuls['XLA'] * 1e3:.1f} ms, "
+              f"torch F.linear {matmuls['torch'] * 1e3:.1f} ms ({threads} threads)")
     return headline
 
 

@@ -1,13 +1,15 @@
 """Benchmark helpers that compute something: the rl_step log-prob recomputation, the decode-step breakdown."""
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench import (RolloutShape, SyntheticDialogue, compiled_ops, full_dialogue_seconds, op_kind,
-                               recompute_logprobs, reprefilled_reply, reprefilling_compiles)
+from experiments.bench import (RolloutShape, SyntheticDialogue, compiled_ops, decode_step_matrices,
+                               full_dialogue_seconds, op_kind, recompute_logprobs, reprefilled_reply,
+                               reprefilling_compiles)
 from experiments.configs.target_word import get_config
 from scope_jax import sampling
 from scope_jax.models import decoder
@@ -39,6 +41,28 @@ def test_the_decode_breakdown_counts_the_decode_loops_output_head_as_the_head():
     ops = compiled_ops(sampling._decode_jit, *args)
     loop_kinds = {op_kind(name, op) for name, op in ops.items() if "/while/body/" in op}
     assert {"output head", "layer matmuls", "attention"} <= loop_kinds, loop_kinds
+
+
+def test_decode_step_matrices_are_the_steps_projections_feature_major():
+    for tied in (True, False):
+        config = dataclasses.replace(tiny_config(96), tie_word_embeddings=tied)
+        _, params = decoder.init(config, seed=0)
+        matrices = decode_step_matrices(params, config)
+        d, f, hd = config.hidden_size, config.intermediate_size, config.head_dim
+        q, kv = config.num_heads * hd, config.num_kv_heads * hd
+        layer = [(q + 2 * kv, d), (d, q), (2 * f, d), (d, f)]
+        assert [w.shape for w in matrices] == layer * config.num_layers + [(config.vocab_size, d)]
+        x = np.random.RandomState(0).standard_normal(d).astype(np.float32)
+        attn, mlp = params["layers"]["self_attn"], params["layers"]["mlp"]
+        last = config.num_layers - 1
+        per_layer = lambda part: np.asarray(part["kernel"])[last]
+        expected_qkv = np.concatenate([x @ per_layer(attn[name]) for name in ("q_proj", "k_proj", "v_proj")])
+        np.testing.assert_allclose(matrices[4 * last] @ x, expected_qkv, rtol=1e-5, atol=1e-5)
+        expected_gate_up = np.concatenate([x @ per_layer(mlp[name]) for name in ("gate_proj", "up_proj")])
+        np.testing.assert_allclose(matrices[4 * last + 2] @ x, expected_gate_up, rtol=1e-5, atol=1e-5)
+        head = (np.asarray(params["embed_tokens"]["embedding"]).T if tied
+                else np.asarray(params["lm_head"]["kernel"]))  # [d, vocab]
+        np.testing.assert_allclose(matrices[-1] @ x, x @ head, rtol=1e-5, atol=1e-5)
 
 
 def test_history_lengths_are_the_lengths_play_replies_to():
