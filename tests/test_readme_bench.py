@@ -1,0 +1,38 @@
+"""The README's rollout numbers are those of the committed benchmark outputs in docs/bench/."""
+
+import pathlib
+
+from experiments.bench import INCREMENTAL
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+COLUMNS = (*INCREMENTAL, "ours, re-prefilling", "transformers, re-prefilling")
+
+
+def tables(name: str) -> list[dict[str, list[str]]]:
+    """Each table of a committed rollout output: {column: the cells after the column's name} ('>= '
+    bounds read as their number)."""
+    found = []
+    for line in (ROOT / "docs/bench" / name).read_text().splitlines():
+        if line.startswith("model "):
+            found.append({})
+        column = next((column for column in COLUMNS if f" {column} " in line), None)
+        if found and column and line.startswith("SmolLM2-135M"):
+            found[-1][column] = line.split(column)[1].replace(">= ", "").split()
+    return found
+
+
+def test_the_readme_rollout_row_quotes_the_committed_p4g_and_tau2_outputs():
+    readme = (ROOT / "README.md").read_text().splitlines()
+    row = next(line for line in readme if line.startswith("| `rollout`"))
+    (p4g,) = tables("rollout_smollm2_p4g.txt")
+    cached_x = 3  # gen tok/s, wall s, s/turn, cached x, ...
+    assert f"**{p4g['transformers, re-prefilling'][cached_x]}**" in row
+    assert f"**{p4g['ours, re-prefilling'][cached_x]}x**" in row
+    assert f"{p4g['transformers, past_key_values'][cached_x]}x transformers with" in row
+
+    first_turns, whole = tables("rollout_smollm2_tau2.txt")  # whole: measured turns, wall s, cached x
+    assert f"**{first_turns['transformers, re-prefilling'][cached_x]}x** transformers re-prefilling" in row
+    assert f"cached in {whole['ours, cached'][1]} s" in row
+    assert f"**{whole['transformers, re-prefilling'][2]}x**, a bound" in row
+    assert f"{whole['ours, re-prefilling'][2]}x ours re-prefilling" in row
+    assert f"{whole['transformers, past_key_values'][2]}x transformers with" in row
