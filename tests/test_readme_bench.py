@@ -27,6 +27,7 @@ def test_the_readme_rollout_row_quotes_the_committed_p4g_and_tau2_outputs():
     (p4g,) = tables("rollout_smollm2_p4g.txt")
     cached_x = 3  # gen tok/s, wall s, s/turn, cached x, ...
     assert f"**{p4g['transformers, re-prefilling'][cached_x]}**" in row
+    assert f"({p4g['ours, cached'][1]} vs {p4g['transformers, re-prefilling'][1]} s)" in row  # wall s
     assert f"**{p4g['ours, re-prefilling'][cached_x]}x**" in row
     assert f"{p4g['transformers, past_key_values'][cached_x]}x transformers with" in row
 
