@@ -41,11 +41,32 @@ class RoleBatch:
 
 
 @struct.dataclass
+class TokenBatch:
+    """Sequences to imitate (supervised fine-tuning, the simulators' data anchor).
+
+    tokens     [..., N, L] int32  right-padded token ids
+    positions  [..., N, L] int32  position ids
+    loss_mask  [..., N, L] float  1 on the tokens the model learns to produce (one role's tokens)
+    """
+
+    tokens: jax.Array
+    positions: jax.Array
+    loss_mask: jax.Array
+
+    def check(self) -> None:
+        chex.assert_equal_shape([self.tokens, self.positions, self.loss_mask])
+        chex.assert_rank(self.tokens, {2, 3})
+
+
+@struct.dataclass
 class Batch:
-    """agent: RoleBatch [N, L]; sims: RoleBatch [P, M, L] or None when no simulator trains."""
+    """agent: RoleBatch [N, L]; sims: RoleBatch [P, M, L] or None when no simulator trains;
+    sim_data: TokenBatch [P, D, L], each member's data for the simulators' data anchor
+    (`LossConfig.data_coef`), or None."""
 
     agent: RoleBatch
     sims: RoleBatch | None = None
+    sim_data: TokenBatch | None = None
 
 
 LENGTH_MULTIPLE = 64  # sequences are padded to a multiple of this, so batch shapes (and compiles) repeat

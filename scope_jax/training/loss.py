@@ -1,6 +1,8 @@
-"""The per-role RL loss: clipped policy gradient + optional KL to a reference + optional entropy bonus.
+"""The per-role losses: the RL loss and the supervised (SFT) loss.
 
-    loss = agg(clip_loss) + kl_coef * agg(k(logp, logp_ref)) - entropy_coef * agg(entropy)
+    RL:   loss = agg(clip_loss) + kl_coef * agg(k(logp, logp_ref)) - entropy_coef * agg(entropy)
+    SFT:  loss = token_mean(-logp) over the masked tokens (`nll_loss`); a simulator's data anchor adds
+          data_coef * that NLL on user data to its RL loss.
 
 `agg` is one of the registered aggregations. Every aggregation is linear in the per-token values, so it
 equals sum(values * w) with weights w = d agg / d values that depend only on the masks. The train step
@@ -18,7 +20,7 @@ from flax import nnx
 
 from scope_jax.algorithms import AGGREGATIONS, KL_ESTIMATORS, clipped_policy_loss
 from scope_jax.logprobs import token_logprobs
-from scope_jax.training.batch import RoleBatch
+from scope_jax.training.batch import RoleBatch, TokenBatch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +36,7 @@ class LossConfig:
     chunk_size: sequence chunk of the output head (bounds the logits held in memory).
     allowed_tokens: None, or the token ids the role samples from under constrained decoding; log-probs,
       entropies and KL are then taken under the softmax restricted to them, as the sampler drew.
+    data_coef: weight of the data anchor, the NLL of the role's tokens in `Batch.sim_data` (simulators).
     """
 
     epsilon_low: float = 0.2
@@ -46,6 +49,7 @@ class LossConfig:
     temperature: float = 1.0
     chunk_size: int = 128
     allowed_tokens: tuple[int, ...] | None = None
+    data_coef: float = 0.0
 
 
 def aggregation_weights(mask: jax.Array, aggregation: str) -> jax.Array:
@@ -88,3 +92,14 @@ def role_loss(graphdef: nnx.GraphDef, params, ref_params, batch: RoleBatch, weig
     if config.entropy_coef:
         loss = loss - config.entropy_coef * weighted(stats.entropy)
     return loss, metrics
+
+
+def nll_loss(graphdef: nnx.GraphDef, params, batch: TokenBatch, weights: jax.Array,
+             config: LossConfig) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Masked next-token NLL of `batch` [N, L]: sum(-log p(token) * weights), with `weights` from
+    `aggregation_weights(batch.loss_mask, "token_mean")` on the full batch (so micro-batches add up to the
+    full batch's token mean). Log-probs are taken at `config.temperature` and over `allowed_tokens`."""
+    stats = token_logprobs(graphdef, params, batch.tokens, batch.positions, chunk_size=config.chunk_size,
+                           temperature=config.temperature, allowed=config.allowed_tokens)
+    nll = jnp.sum(jnp.where(batch.loss_mask > 0, -stats.logprobs, 0.0) * weights)
+    return nll, {"nll": jax.lax.stop_gradient(nll)}
