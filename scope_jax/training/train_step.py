@@ -161,8 +161,8 @@ def compile_step(step: Callable, state: JointState, batch_sh: Any, mesh: Mesh):
     """jit a (JointState, batch) step with the state's shardings and `batch_sh`, metrics replicated, the
     state donated. `state` may be abstract (jax.ShapeDtypeStruct); only shapes are read."""
     state_sh = state_shardings(state, mesh)
-    return jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, sharding.replicated(mesh)),
-                   donate_argnums=0)
+    return jax.jit(step, in_shardings=(state_sh, batch_sh),
+                   out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)
 
 
 def compile_train_step(step: TrainStep, state: JointState, batch: Batch, mesh: Mesh):
