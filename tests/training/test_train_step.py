@@ -106,7 +106,9 @@ def test_sharded_step_on_8_devices_equals_one_device(tiny_models):
     _, state, batch = build(tiny_models, train_sims=True, kl=0.1)
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     sharded = compile_train_step(step, state, batch, mesh)
-    state = jax.device_put(state, joint.state_shardings(state, mesh))
+    # The step donates its state: copies, so the session's tiny models are not deleted with it (device_put
+    # may reuse a buffer that already lies on a target device).
+    state = jax.device_put(jax.tree.map(jnp.copy, state), joint.state_shardings(state, mesh))
     eight_state, eight_metrics = sharded(state, batch)
     q_kernel = eight_state.params["agent"]["layers"]["self_attn"]["q_proj"]["kernel"]
     assert q_kernel.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
