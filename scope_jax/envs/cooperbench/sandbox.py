@@ -51,6 +51,7 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import Mapping
 
 from scope_jax.envs.cooperbench.cgroup import MemoryCgroup
 
@@ -85,7 +86,8 @@ done
 mount -t proc -o nosuid,nodev,noexec proc "$root/proc" || fail "cannot mount /proc"
 cp -a "$work/." "$root$work/" || fail "cannot copy the run tree (disk cap $disk bytes?)"
 chown -R "$uid:$uid" "$root$work" && chown 0:0 "$root$work" "$root$work/.sandbox" \
-  && chown -R 0:0 "$root$work/.sandbox/site" || fail "cannot hand the run tree over"
+  && chown -R 0:0 "$root$work/.sandbox/site" && chmod 0755 "$root$work" "$root$work/.sandbox" \
+  || fail "cannot hand the run tree over"
 cd "$root" && mkdir .oldroot && pivot_root . .oldroot && umount -l /.oldroot && rmdir /.oldroot \
   || fail "cannot pivot into the jail"
 cd "$work" || fail "cannot enter $work"
@@ -281,13 +283,14 @@ class _Output:
         return bytes(self.head + middle + self.tail).decode(errors="replace")
 
 
-def run(command: list[str], work: str | pathlib.Path, limits: Limits = Limits(),
-        isolation: str = "auto") -> RunResult:
-    """Run `command` with cwd `work` (the run tree), under `limits`; under "namespaces" on a copy of
-    `work` in the jail (see the module docstring), so nothing the run writes comes back."""
+def run(command: list[str], work: str | pathlib.Path, limits: Limits = Limits(), isolation: str = "auto",
+        env: Mapping[str, str] | None = None) -> RunResult:
+    """Run `command` with cwd `work` (the run tree), under `limits`, with `env` added to the scrubbed
+    environment; under "namespaces" on a copy of `work` in the jail (see the module docstring), so
+    nothing the run writes comes back."""
     work = pathlib.Path(work).resolve()
     level = resolve_isolation(isolation)
-    env = _environment(work, level)
+    env = {**_environment(work, level), **(env or {})}
     cgroup = MemoryCgroup.make(limits.memory_bytes)
     fallbacks = [] if cgroup else [_fallback("no memory cgroup: memory is capped per process only")]
     uid = None
