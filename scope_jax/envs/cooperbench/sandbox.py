@@ -63,6 +63,8 @@ SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/sbin")
 DEVICES = ("null", "zero", "random", "urandom")
 FALLBACKS: collections.Counter[str] = collections.Counter()  # runs that went without a cap, by cap
 
+JAIL_SITE = "/.sandbox/site"  # the sitecustomize's folder in the jail (JAIL copies it there): root's
+
 # Run inside the new namespaces as `sh -c JAIL jail WORK ROOT DISK UID BINDS RLIMITS -- COMMAND...`
 # (BINDS: the folders to bind read-only, space-separated; RLIMITS: prlimit options). Builds the jail's
 # root on a tmpfs mounted at ROOT, copies the run tree WORK into it at the same path, pivots into it and
@@ -85,9 +87,8 @@ for device in null zero random urandom; do
 done
 mount -t proc -o nosuid,nodev,noexec proc "$root/proc" || fail "cannot mount /proc"
 cp -a "$work/." "$root$work/" || fail "cannot copy the run tree (disk cap $disk bytes?)"
-chown -R "$uid:$uid" "$root$work" && chown 0:0 "$root$work" "$root$work/.sandbox" \
-  && chown -R 0:0 "$root$work/.sandbox/site" && chmod 0755 "$root$work" "$root$work/.sandbox" \
-  || fail "cannot hand the run tree over"
+chown -R "$uid:$uid" "$root$work" || fail "cannot hand the run tree over"
+mkdir "$root/.sandbox" && cp -a "$work/.sandbox/site" "$root/.sandbox/site" || fail "cannot copy the site folder"
 cd "$root" && mkdir .oldroot && pivot_root . .oldroot && umount -l /.oldroot && rmdir /.oldroot \
   || fail "cannot pivot into the jail"
 cd "$work" || fail "cannot enter $work"
@@ -249,7 +250,8 @@ def _environment(work: pathlib.Path, isolation: str) -> dict[str, str]:
     return {"PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin",
                                        "/usr/sbin", "/sbin"]),
             "HOME": str(home), "TMPDIR": str(tmp), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONHASHSEED": "0", "PYTHONSAFEPATH": "1", "PYTHONPATH": str(site),
+            "PYTHONHASHSEED": "0", "PYTHONSAFEPATH": "1",
+            "PYTHONPATH": JAIL_SITE if isolation == "namespaces" else str(site),
             "GIT_CEILING_DIRECTORIES": str(work.parent), "GIT_CONFIG_NOSYSTEM": "1"}
 
 

@@ -10,7 +10,7 @@ import pytest
 from experiments.jobs import cooperbench_gold as job
 from experiments.run import prepare
 from scope_jax.config import ConfigError
-from scope_jax.envs.cooperbench.check import check_task, main
+from scope_jax.envs.cooperbench.check import TaskCheck, check_task, main
 from scope_jax.envs.cooperbench.evaluation import Evaluator
 from scope_jax.envs.cooperbench.repo import Repos
 from scope_jax.envs.cooperbench.suite import SUITE_DIR
@@ -37,9 +37,26 @@ def test_check_reports_a_gold_patch_that_fails_its_tests(task_copy, tmp_path):
     (task_copy / "feature1" / "feature.patch").write_text(other)
     repos = Repos(tmp_path / "scratch")
     result = check_task(load_task(task_copy), Evaluator(repos, isolation="process"))
-    assert len(result.problems) == 1
-    assert "feature1's gold patch does not pass its own tests" in result.problems[0]
-    assert result.pairs == []  # no pair is checked without both gold patches
+    assert len(result.all_problems()) == 1
+    assert "feature1's gold patch does not pass its own tests" in result.all_problems()[0]
+    [pair] = result.pairs  # the pair is not merged without both gold patches, and fails
+    assert (pair.features, pair.merge_status, pair.ok) == ((1, 2), None, False)
+
+
+def test_check_prints_every_pair_and_its_failures(task_copy, capsys):
+    other = (task_copy / "feature2" / "feature.patch").read_text()
+    (task_copy / "feature1" / "feature.patch").write_text(other)
+    assert main([str(task_copy.parent), "--isolation=process"]) == 1
+    out = capsys.readouterr().out
+    assert "commands  f1+f2" in out and out.count("FAIL") >= 2  # the pair's row and its problem line
+    assert "FAIL commands feature1: " in out and "1 pairs (1 FAIL)" in out
+
+
+def test_check_without_pairs_is_a_one_line_error(monkeypatch, task_copy, capsys):
+    monkeypatch.setattr("scope_jax.envs.cooperbench.check.check_task", lambda task, evaluator: TaskCheck(task.name))
+    assert main([str(task_copy.parent), "--isolation=process"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "no pair of features" in captured.err
 
 
 @pytest.mark.slow
