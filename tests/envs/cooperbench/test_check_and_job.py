@@ -101,10 +101,11 @@ def test_job_writes_rewards_merges_and_feature_results(task_copy, tmp_path):
 
 def test_job_fails_loudly_off_the_expected_reward(task_copy, tmp_path):
     with pytest.raises(SystemExit, match="off their expected reward"):
-        _run(_config(task_copy.parent, modes=("coop",), agents=("gold",), test_wall_seconds=0.01),
+        _run(_config(task_copy.parent, modes=("solo",), agents=("gold",), test_wall_seconds=0.01),
              tmp_path / "run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert len(summary["failures"]) == 1 and "expected 1" in summary["failures"][0]
+    assert len(summary["failures"]) == 1 and "gold solo commands f1+f2: not played" in summary["failures"][0]
+    assert [(r["reward"], r["ok"]) for r in summary["rows"]] == [(None, False)]  # not nan
     assert "**NO**" in (tmp_path / "run" / "summary.md").read_text()
 
 
