@@ -352,7 +352,27 @@ def _supervise(command: list[str], work: pathlib.Path, env: dict[str, str], pree
     return RunResult(exit_code, status, output.text(), output.total, time.monotonic() - start)
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(child) for child in f.read().split()]
+    except OSError:
+        return []
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the run. Under "namespaces" the namespace's init (unshare's child) goes first: the kernel then
+    kills and reaps everything in the namespace, and unshare reaps the init and exits, leaving no zombie
+    (killing both at once would leave the init to this machine's pid 1 to reap)."""
+    for child in _children(proc.pid):
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
