@@ -131,25 +131,34 @@ PROBES = {
         alive = sum(os.waitpid(pid, 0)[1] == 0 for pid in pids)
         raise RuntimeError(f"ALIVE {alive} END")
     """, check="memory"),
-    "an infinite loop": Probe("while True:\n    pass\n"),
+    "an infinite loop": Probe("while True:\n    pass\n", check="status timeout"),
     "300 spawned processes": Probe("""
-        import subprocess
+        import time
+        spawned = 0
         for _ in range(300):
             try:
-                subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", P["token"]])
+                if os.fork() == 0:
+                    time.sleep(600)
+                    os._exit(0)
             except OSError:
                 break
-    """),
+            spawned += 1
+        raise RuntimeError(f"SPAWNED {spawned} END")
+    """, check="processes"),
     "1 GiB on stdout": Probe(FIND_PIPE + """
         for fd in pipe_fds():
             for _ in range(1024):
                 os.write(fd, b"x" * (1 << 20))
-    """),
+    """, check="status output_limit"),
     "a 2 GiB file": Probe("""
-        with open("big.bin", "wb") as f:
-            for _ in range(2048):
-                f.write(b"x" * (1 << 20))
-    """),
+        try:
+            with open("big.bin", "wb") as f:
+                for _ in range(2048):
+                    f.write(b"x" * (1 << 20))
+        except OSError:
+            pass
+        raise RuntimeError(f"SIZE {os.path.getsize('big.bin')} END")
+    """, check="file"),
     "a socket to a server on the host": Probe("""
         import socket
         try:
@@ -264,6 +273,12 @@ def _check(what: str, result, outcome, output: str, evaluator: Evaluator, task) 
         if not cgroup.available():
             pytest.skip("no memory cgroup here: the per-process fallback cannot hold a process tree")
         assert (_number(output, "ALIVE") or 0) < 3, output[-2000:]
+    elif what.startswith("status "):
+        assert result.run.status == what.split()[1]
+    elif what == "processes":
+        assert _number(output, "SPAWNED") < LIMITS.processes, output[-2000:]
+    elif what == "file":
+        assert _number(output, "SIZE") <= LIMITS.file_bytes, output[-2000:]
     elif what == "base":  # and the next episode's empty agent still scores 0
         assert not evaluator.evaluate(task, (1,), [{}]).features[0].passed
     else:
