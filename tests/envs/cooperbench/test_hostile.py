@@ -72,10 +72,11 @@ PROBES = {
     """, check="base"),
     "the task folder through /proc, exec its combined.patch": Probe("""
         import glob
-        places = [P["task"]]
+        mounts = [line.split()[1] for line in open("/proc/self/mounts")]
+        places = [P["task"], *(point + P["task"] for point in mounts)]
         for cmdline in glob.glob("/proc/*/cmdline"):
             try:
-                places += [a for a in open(cmdline, "rb").read().decode().split("\\0") if a.startswith("/")]
+                places += [a for a in open(cmdline, "rb").read().decode(errors="replace").split("\\0") if a.startswith("/")]
             except OSError:
                 pass
         for place in places:
@@ -85,7 +86,7 @@ PROBES = {
                     patch = open(path).read()
                 except OSError:
                     continue
-                core = patch.split("pkg/core.py")[1]
+                core = patch.split("+++ b/pkg/core.py")[1]
                 new = [l[1:] for l in core.splitlines() if l.startswith("+") and not l.startswith("+++")]
                 open(os.path.join(os.path.dirname(__file__), "core.py"), "w").write("\\n".join(new) + "\\n")
                 break
