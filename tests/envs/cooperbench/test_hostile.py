@@ -39,6 +39,13 @@ FIND_PIPE = """
                 except OSError:
                     pass
 """  # indented as the probes' code, which is dedented as a whole
+WRITE_OUTSIDE = """
+        for target in P["targets"]:
+            try:
+                open(target, "w").write("escaped")
+            except OSError:
+                pass
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +62,7 @@ PROBES = {
         import subprocess
         for point in ["/", *{l.split()[1] for l in open("/proc/self/mounts")}]:
             subprocess.run(["mount", "-o", "remount,rw,bind", point], capture_output=True)
-        for target in P["targets"]:
-            try:
-                open(target, "w").write("escaped")
-            except OSError:
-                pass
-    """),
+    """ + WRITE_OUTSIDE),
     "the same route into the base checkout": Probe("""
         import subprocess
         subprocess.run(["mount", "-o", "remount,rw,bind", "/"], capture_output=True)
@@ -167,13 +169,7 @@ PROBES = {
         except OSError as e:
             print("no network:", e)
     """, implements=True, expected=1.0),
-    "plain writes outside the run tree": Probe("""
-        for target in P["targets"]:
-            try:
-                open(target, "w").write("escaped")
-            except OSError:
-                pass
-    """, implements=True, expected=1.0),
+    "plain writes outside the run tree": Probe(WRITE_OUTSIDE, implements=True, expected=1.0),
     "deleted and edited hidden tests": Probe("""
         for root, _, names in os.walk(os.getcwd()):
             for name in names:
