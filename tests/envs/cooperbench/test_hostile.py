@@ -27,7 +27,9 @@ from tests.envs.cooperbench import real_layout
 pytestmark = pytest.mark.skipif(not sandbox.namespaces_available(),
                                 reason="unshare namespaces are not permitted here")
 
-LIMITS = sandbox.Limits(wall_seconds=8.0, cpu_seconds=6, memory_bytes=512 << 20, disk_bytes=64 << 20,
+# The wall clock leaves room for a loaded machine (pytest alone can take 8 s at a load of 12 on 2
+# cores); the CPU limit is above it, so an infinite loop always ends at the wall clock.
+LIMITS = sandbox.Limits(wall_seconds=15.0, cpu_seconds=20, memory_bytes=512 << 20, disk_bytes=64 << 20,
                         max_output_bytes=1 << 20)
 IMPLEMENTATION = real_layout.SOURCES[1].encode()
 FIND_PIPE = """
