@@ -126,9 +126,11 @@ ROW_COLUMNS = (  # (header, row key, formatter)
 )
 TOTAL_COLUMNS = (
     ("agent", "agent", str), ("mode", "mode", str), ("episodes", "episodes", str),
-    ("mean reward", "reward", _number("{:.3f}")), ("naive conflict rate", "naive_conflict", _number("{:.3f}")),
+    ("mean reward", "reward", _number("{:.3f}")),
+    ("naive conflict rate", "naive_conflict", _number("{:.3f}")),
     ("mean reward on conflicting pairs", "reward_on_conflicts", _number("{:.3f}")),
-    ("unresolved merges", "merge_failed", _number("{:.3f}")), ("messages", "messages_sent", _number("{:.2f}")),
+    ("unresolved merges", "merge_failed", _number("{:.3f}")),
+    ("messages", "messages_sent", _number("{:.2f}")),
     ("measured", "measured", str), ("errors", "errors", str), ("off expected", "off_expected", str),
 )
 

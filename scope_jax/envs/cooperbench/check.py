@@ -101,7 +101,8 @@ COLUMNS = (  # (header, cell of (task check, pair check))
     ("pair", lambda t, p: f"f{p.features[0]}+f{p.features[1]}"),
     ("gold merge", lambda t, p: p.merge_status or "-"),
     ("conflict hunks", lambda t, p: "-" if p.conflicts is None else str(p.conflicts)),
-    ("merge passes", lambda t, p: "-" if p.passed is None else "/".join("yes" if ok else "NO" for ok in p.passed)),
+    ("merge passes",
+     lambda t, p: "-" if p.passed is None else "/".join("yes" if ok else "NO" for ok in p.passed)),
     ("check", lambda t, p: "PASS" if p.ok else "FAIL"),
 )
 

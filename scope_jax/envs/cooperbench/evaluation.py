@@ -117,7 +117,7 @@ class Outcome:
 
 
 @dataclasses.dataclass(frozen=True)
-class TestRun:
+class TaskRun:
     """A run of run_tests.sh and the canary planted in it (None: none was)."""
 
     result: sandbox.RunResult
@@ -132,7 +132,7 @@ class Evaluator:
         self.repos, self.limits, self.union, self.exact_count = repos, limits, union, exact_count
         self.isolation = sandbox.resolve_isolation(isolation)
         self._gold_counts: dict[tuple[str, int], int] = {}
-        self._cache: collections.OrderedDict[tuple, TestRun] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[tuple, TaskRun] = collections.OrderedDict()
         self.test_runs = self.cache_hits = self.tampered = 0
         self.fallbacks: collections.Counter[str] = collections.Counter()
 
@@ -140,7 +140,7 @@ class Evaluator:
         """The visible tests: run_tests.sh on the base with `files` written over it, no hidden tests."""
         return self._cached_run(task, files, None).result
 
-    def _cached_run(self, task: Task, files: Changes, tests_patch: str | None) -> TestRun:
+    def _cached_run(self, task: Task, files: Changes, tests_patch: str | None) -> TaskRun:
         key = (str(task.path), tree_digest(files), tests_patch)
         if key in self._cache:
             self._cache.move_to_end(key)
@@ -154,7 +154,7 @@ class Evaluator:
                 self._cache.popitem(last=False)
         return run
 
-    def _run(self, task: Task, files: Changes, tests_patch: str | None) -> TestRun:
+    def _run(self, task: Task, files: Changes, tests_patch: str | None) -> TaskRun:
         runs = self.repos.root / "runs"
         runs.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=runs) as work:
@@ -162,7 +162,8 @@ class Evaluator:
             checkout(self.repos.base(task), work / "repo")
             change = as_patch(work / "repo", files)
             name = canary.new_name() if tests_patch is not None else None
-            tests = VISIBLE_TESTS_PATCH if tests_patch is None else canary.plant(work / "repo", tests_patch, name)
+            tests = (VISIBLE_TESTS_PATCH if tests_patch is None
+                     else canary.plant(work / "repo", tests_patch, name))
             if tests is None:
                 self._fallback(f"task {task.name}: a tests patch touches no Python test file, so it runs "
                                "without a canary")
@@ -176,7 +177,7 @@ class Evaluator:
                                  {"PYTEST_ADDOPTS": canary.PYTEST_OPTIONS})
         for cap in result.fallbacks:
             self.fallbacks[cap] += 1
-        return TestRun(result, name)
+        return TaskRun(result, name)
 
     def _fallback(self, what: str) -> None:
         if not self.fallbacks[what]:

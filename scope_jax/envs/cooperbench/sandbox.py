@@ -83,12 +83,14 @@ done
 mkdir -p "$root/dev" "$root/proc" "$root/tmp" "$root$work" || fail "cannot lay out the root"
 chmod 1777 "$root/tmp"
 for device in null zero random urandom; do
-  touch "$root/dev/$device" && mount --bind "/dev/$device" "$root/dev/$device" || fail "cannot bind /dev/$device"
+  touch "$root/dev/$device" && mount --bind "/dev/$device" "$root/dev/$device" \
+    || fail "cannot bind /dev/$device"
 done
 mount -t proc -o nosuid,nodev,noexec proc "$root/proc" || fail "cannot mount /proc"
 cp -a "$work/." "$root$work/" || fail "cannot copy the run tree (disk cap $disk bytes?)"
 chown -R "$uid:$uid" "$root$work" || fail "cannot hand the run tree over"
-mkdir "$root/.sandbox" && cp -a "$work/.sandbox/site" "$root/.sandbox/site" || fail "cannot copy the site folder"
+mkdir "$root/.sandbox" && cp -a "$work/.sandbox/site" "$root/.sandbox/site" \
+  || fail "cannot copy the site folder"
 cd "$root" && mkdir .oldroot && pivot_root . .oldroot && umount -l /.oldroot && rmdir /.oldroot \
   || fail "cannot pivot into the jail"
 cd "$work" || fail "cannot enter $work"
@@ -313,7 +315,8 @@ def run(command: list[str], work: str | pathlib.Path, limits: Limits = Limits(),
     return dataclasses.replace(result, fallbacks=tuple(fallbacks), uid=uid)
 
 
-def _supervise(command: list[str], work: pathlib.Path, env: dict[str, str], preexec, limits: Limits) -> RunResult:
+def _supervise(command: list[str], work: pathlib.Path, env: dict[str, str], preexec,
+               limits: Limits) -> RunResult:
     start = time.monotonic()
     with warnings.catch_warnings():
         # JAX warns at every fork of its process; this child only sets its limits and execs.

@@ -9,16 +9,19 @@ import subprocess
 BASE = {
     "pkg/__init__.py": "from pkg.core import greet\n",
     "pkg/core.py": 'def greet(name):\n    return "hello " + name\n',
-    "tests/test_core.py": 'from pkg.core import greet\n\n\ndef test_greet():\n    assert greet("ann") == "hello ann"\n',
+    "tests/test_core.py":
+        'from pkg.core import greet\n\n\ndef test_greet():\n    assert greet("ann") == "hello ann"\n',
 }
 SOURCES = {  # feature id -> pkg/core.py with the feature (0: both, the combined gold)
-    1: 'def greet(name, shout=False):\n    text = "hello " + name\n    return text.upper() if shout else text\n',
+    1: 'def greet(name, shout=False):\n    text = "hello " + name\n'
+       '    return text.upper() if shout else text\n',
     2: 'def greet(name, punct=""):\n    return "hello " + name + punct\n',
     0: 'def greet(name, shout=False, punct=""):\n    text = "hello " + name + punct\n'
        '    return text.upper() if shout else text\n',
 }
 TESTS = {
-    1: '\n\ndef test_shout():\n    assert greet("ann", shout=True) == "HELLO ANN"\n    assert greet("bo") == "hello bo"\n',
+    1: '\n\ndef test_shout():\n    assert greet("ann", shout=True) == "HELLO ANN"\n'
+       '    assert greet("bo") == "hello bo"\n',
     2: '\n\ndef test_punct():\n    assert greet("ann", punct="!") == "hello ann!"\n',
 }
 RUN_TESTS = """#!/bin/bash

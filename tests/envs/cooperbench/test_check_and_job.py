@@ -53,7 +53,8 @@ def test_check_prints_every_pair_and_its_failures(task_copy, capsys):
 
 
 def test_check_without_pairs_is_a_one_line_error(monkeypatch, task_copy, capsys):
-    monkeypatch.setattr("scope_jax.envs.cooperbench.check.check_task", lambda task, evaluator: TaskCheck(task.name))
+    monkeypatch.setattr("scope_jax.envs.cooperbench.check.check_task",
+                        lambda task, evaluator: TaskCheck(task.name))
     assert main([str(task_copy.parent), "--isolation=process"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and "no pair of features" in captured.err

@@ -80,7 +80,8 @@ PROBES = {
         places = [P["task"], *(point + P["task"] for point in mounts)]
         for cmdline in glob.glob("/proc/*/cmdline"):
             try:
-                places += [a for a in open(cmdline, "rb").read().decode(errors="replace").split("\\0") if a.startswith("/")]
+                arguments = open(cmdline, "rb").read().decode(errors="replace").split("\\0")
+                places += [a for a in arguments if a.startswith("/")]
             except OSError:
                 pass
         for place in places:
@@ -211,7 +212,8 @@ def _processes(uid: int | None, token: str) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            if entry.stat().st_uid == uid or token.encode() in open(f"/proc/{entry.name}/cmdline", "rb").read():
+            cmdline = open(f"/proc/{entry.name}/cmdline", "rb").read()
+            if entry.stat().st_uid == uid or token.encode() in cmdline:
                 found.append(int(entry.name))
         except OSError:
             pass
@@ -223,7 +225,10 @@ def _number(output: str, word: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-@pytest.mark.parametrize("name", list(PROBES))
+SLOW = {"an infinite loop"}  # waits out the wall clock; test_sandbox.py has a cheap one
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in PROBES])
 def test_hostile_patch(hostile, name, tmp_path):
     task, evaluator, root = hostile
     probe, token = PROBES[name], os.urandom(8).hex()
@@ -247,7 +252,8 @@ def test_hostile_patch(hostile, name, tmp_path):
         assert float(result.passed) == probe.expected, output[-3000:]
         assert _tree_hash(base) == before  # the base checkout did not change
         left = _processes(result.run.uid, token)
-        assert left == [], [open(f"/proc/{pid}/status").read()[:300] for pid in left]  # nothing of the run is left
+        # nothing of the run is left
+        assert left == [], [open(f"/proc/{pid}/status").read()[:300] for pid in left]
         with pytest.raises(BlockingIOError):
             server.accept()  # no connection reached the host
         _check(probe.check, result, outcome, output, evaluator, task)
@@ -289,6 +295,7 @@ def test_the_package_suite_is_out_of_reach_of_the_visible_tests(hostile):
     code = (f"import glob\nfor p in glob.glob({str(SUITE_DIR)!r} + '/*/feature*/feature.patch') + "
             f"glob.glob({str(task.path)!r} + '/feature*/*.patch'):\n    print(open(p).read())\n"
             "import scope_jax\nprint('IMPORTED', scope_jax.__file__)\n")
-    run = evaluator.run_tests(task, {"pkg/__init__.py": (code + real_layout.BASE["pkg/__init__.py"]).encode()})
+    init = code + real_layout.BASE["pkg/__init__.py"]
+    run = evaluator.run_tests(task, {"pkg/__init__.py": init.encode()})
     assert "diff --git" not in run.output and "IMPORTED" not in run.output
     assert "No module named 'scope_jax'" in run.output
