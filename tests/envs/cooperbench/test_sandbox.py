@@ -175,3 +175,11 @@ def test_environment_is_scrubbed(tmp_path, level, monkeypatch):
 def test_unknown_isolation_is_refused(tmp_path):
     with pytest.raises(sandbox.SandboxError, match="'jail' is unknown"):
         sandbox.run(["true"], tmp_path, isolation="jail")
+
+
+def test_a_missing_memory_cgroup_is_a_counted_fallback(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox.MemoryCgroup, "make", classmethod(lambda cls, limit: None))
+    before = sandbox.FALLBACKS["no memory cgroup: memory is capped per process only"]
+    result = _run(tmp_path, "print('ran')", "process")
+    assert result.ok and "no memory cgroup: memory is capped per process only" in result.fallbacks
+    assert sandbox.FALLBACKS["no memory cgroup: memory is capped per process only"] == before + 1
