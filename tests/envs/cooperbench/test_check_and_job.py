@@ -117,3 +117,20 @@ def test_gold_job_on_one_task_per_overlap_kind(overlap_kinds, tmp_path):
     assert summary["failures"] == [] and len(summary["rows"]) == 4 * len(OVERLAP_KINDS)
     assert {(t["agent"], t["mode"], t["reward"]) for t in summary["totals"]} == {
         ("gold", "coop", 1.0), ("gold", "solo", 1.0), ("empty", "coop", 0.0), ("empty", "solo", 0.0)}
+
+
+def _scored_row(agent, conflicts, reward):
+    rewards = {key: 0.0 for key in job.TOTALS} | {"agent": reward, "naive_conflict": float(conflicts > 0)}
+    expected = job._expected(agent, conflicts)
+    return {"agent": agent, "mode": "coop", "reward": reward, "rewards": rewards, "expected_reward": expected,
+            "ok": expected in (None, reward), "merge": {"conflicts": conflicts}}
+
+
+def test_coop_gold_on_conflicting_pairs_is_measured_not_expected():
+    assert (job._expected("gold", 0), job._expected("gold", 3), job._expected("empty", 3)) == (1.0, None, 0.0)
+    rows = [_scored_row("gold", 0, 1.0), _scored_row("gold", 2, 0.0), _scored_row("gold", 1, 1.0)]
+    [totals] = job._totals(rows)
+    assert all(r["ok"] for r in rows) and totals["off_expected"] == 0 and totals["measured"] == 2
+    assert totals["naive_conflict"] == pytest.approx(2 / 3) and totals["reward_on_conflicts"] == 0.5
+    assert totals["reward"] == pytest.approx(2 / 3) and totals["errors"] == 0
+    assert not _scored_row("gold", 0, 0.0)["ok"]  # a clean pair still must score 1

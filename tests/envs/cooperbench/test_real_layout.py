@@ -60,6 +60,7 @@ def test_visible_tests_on_a_real_layout_task(real_task, real_evaluator):
     assert real_evaluator.run_tests(real_task, {}).ok
 
 
+@pytest.mark.slow  # 16 sandboxed runs; test_check_and_job.py checks the same rule on rows
 def test_gold_job_measures_coop_gold_on_conflicting_pairs(real_task, tmp_path):
     config = job.default_config()
     config.tasks_dir = str(real_task.path.parent)
