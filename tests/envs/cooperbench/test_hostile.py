@@ -228,7 +228,10 @@ def _number(output: str, word: str) -> int | None:
 SLOW = {"an infinite loop"}  # waits out the wall clock; test_sandbox.py has a cheap one
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in PROBES])
+ROWS = [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name for name in PROBES]
+
+
+@pytest.mark.parametrize("name", ROWS)
 def test_hostile_patch(hostile, name, tmp_path):
     task, evaluator, root = hostile
     probe, token = PROBES[name], os.urandom(8).hex()
