@@ -52,19 +52,36 @@ def make_base(task: Task, dest: pathlib.Path) -> None:
     """A git checkout of the task's repository at its base commit, in `dest` (which must not exist)."""
     source = task.repo_source
     if source.name == BUNDLE or (source / ".git").exists():
-        dest.mkdir(parents=True)
-        git(dest, "init", "-q")
         try:
-            git(dest, "fetch", "-q", str(source.resolve()), "HEAD")
+            checkout(source, dest)
         except GitError as e:
             message = f"task {task.name}: cannot read the base commit from {source.name} ({e})"
             raise GitError(message) from None
-        git(dest, "checkout", "-q", "--detach", "FETCH_HEAD")
     else:  # a plain tree: it is the base
         shutil.copytree(source, dest, symlinks=True)
         git(dest, "init", "-q")
         git(dest, "add", "-A")
         git(dest, "commit", "-q", "--no-gpg-sign", "-m", "base")
+
+
+def checkout(source: pathlib.Path, dest: pathlib.Path) -> None:
+    """A new repository in `dest` (which must not exist) checked out, detached, at the HEAD of the
+    repository or bundle `source`; its objects are copied, never shared with `source`."""
+    dest.mkdir(parents=True)
+    git(dest, "init", "-q")
+    git(dest, "fetch", "-q", "--no-tags", str(source.resolve()), "HEAD")
+    git(dest, "checkout", "-q", "--detach", "FETCH_HEAD")
+
+
+def as_patch(checkout_dir: pathlib.Path, files: Changes) -> bytes:
+    """`files` written over the clean checkout `checkout_dir`, as a git diff against its HEAD (binary
+    files included); the checkout is clean again afterwards."""
+    write_files(checkout_dir, files)
+    git(checkout_dir, "add", "-A")
+    patch = git(checkout_dir, "diff", "--cached", "--binary", "--no-renames", "HEAD")
+    git(checkout_dir, "reset", "-q", "--hard", "HEAD")
+    git(checkout_dir, "clean", "-qfdx")
+    return patch
 
 
 def changes(worktree: pathlib.Path) -> dict[str, bytes | None]:
@@ -85,12 +102,6 @@ def post_images(base: pathlib.Path, patch: str) -> dict[str, bytes | None]:
         listing = git(base, "diff", "--cached", "--name-status", "-z", "--no-renames", "HEAD", env=index)
         return {path: None if status == "D" else git(base, "show", f":{path}", env=index)
                 for status, path in _status_pairs(listing)}
-
-
-def export_tree(base: pathlib.Path, dest: pathlib.Path, files: Changes) -> None:
-    """A plain copy of the base tree (no .git) in `dest`, with `files` written over it."""
-    shutil.copytree(base, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
-    write_files(dest, files)
 
 
 def write_files(dest: pathlib.Path, files: Changes) -> None:

@@ -5,9 +5,10 @@ A task folder holds
   feature{N}/feature.patch   the gold implementation (a git diff, source files only)
   feature{N}/tests.patch     the hidden tests (a git diff, usually adding tests to an existing test file)
   combined.patch             one joint gold solution of all the task's features
-  run_tests.sh               the test command: `bash run_tests.sh REPO [TESTS_PATCH [FEATURE_PATCH]]` applies
-                             the feature patch, then the tests patch (each optional), to the checkout REPO
-                             and runs the task's tests there (exit status 0 = pass, pytest's summary line)
+  run_tests.sh               the test command: `bash run_tests.sh REPO TESTS_PATCH [FEATURE_PATCH]` applies
+                             the feature patch, then the tests patch, to the git checkout REPO (upstream
+                             scripts first run `git reset --hard` and `git clean -fd` there) and runs the
+                             task's tests (exit status 0 = pass, pytest's summary line)
   repo.bundle or repo/       the upstream repository offline, at the base commit: a git bundle whose HEAD
                              is the base commit, or a checkout (with .git: its HEAD; a plain file tree: the
                              tree itself is the base)

@@ -1,6 +1,8 @@
 """The retail domain: its 16 agent tools over products, users and orders (tau2-bench's semantics).
 
-Every check runs in tau2-bench's order and fails with its exact message (the toolkit prefixes `Error: `).
+Every check runs in tau2-bench's order and fails with its exact message (the toolkit prefixes `Error: `):
+address parts that are not strings give pydantic's validation text (every wrong part), and a reason that
+is not hashable (a list) gives Python's `unhashable type: 'list'`, as tau2-bench's set lookup does.
 By default the domain's quirks are reproduced, since they decide the database hash and what the agent
 sees (docs/tau2.md):
   Q1  modify-items gives every modified item the price and options of the last pair's new variant
@@ -43,7 +45,9 @@ PAYMENT_METHOD = {"credit_card": ("source", "id", "brand", "last_four"),
                   "gift_card": ("source", "id", "balance"), "paypal": ("source", "id")}
 PRODUCT = ("name", "product_id", "variants")
 VARIANT = ("item_id", "options", "available", "price")
-CANCEL_REASONS = ("no longer needed", "ordered by mistake")
+CANCEL_REASONS = frozenset({"no longer needed", "ordered by mistake"})  # a set: an unhashable reason raises
+# pydantic's error link in the version tau2-bench's reference numbers were computed with (2.13)
+PYDANTIC_STRING_TYPE_URL = "https://errors.pydantic.dev/2.13/v/string_type"
 
 
 def _ordered(record: Record, fields: tuple[str, ...], what: str) -> Record:
@@ -112,14 +116,26 @@ EXCHANGE = SwapRules("delivered", "Non-delivered order cannot be exchanged", "Nu
                      "Insufficient gift card balance to pay for the price difference")
 
 
+def _pydantic_repr(value: Any) -> str:
+    """How pydantic 2 shows an input in a validation error: its repr, cut to 25 + "..." + 24 characters
+    when longer than 50."""
+    text = repr(value)
+    return f"{text[:25]}...{text[-24:]}" if len(text) > 50 else text
+
+
 def _new_address(address1: Any, address2: Any, city: Any, state: Any, country: Any, zip: Any) -> Record:
-    """An address record in field order. tau2-bench builds it as a typed record, so a part that is not a
-    string fails (our wording of the error)."""
+    """An address record in field order. tau2-bench builds it as a pydantic `UserAddress`, so parts that
+    are not strings fail with pydantic's validation text, every wrong part in field order."""
     address = {"address1": address1, "address2": address2, "city": city, "country": country, "state": state,
                "zip": zip}
-    for part, value in address.items():
-        if not isinstance(value, str):
-            raise ValueError(f"Address {part} must be a string, got {type(value).__name__}")
+    wrong = [(part, value) for part, value in address.items() if not isinstance(value, str)]
+    if wrong:
+        lines = [f"{len(wrong)} validation error{'s' if len(wrong) > 1 else ''} for UserAddress"]
+        for part, value in wrong:
+            lines += [part, f"  Input should be a valid string [type=string_type, input_value="
+                            f"{_pydantic_repr(value)}, input_type={type(value).__name__}]",
+                      f"    For further information visit {PYDANTIC_STRING_TYPE_URL}"]
+        raise ValueError("\n".join(lines))
     return address
 
 

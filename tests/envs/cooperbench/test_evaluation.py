@@ -88,4 +88,5 @@ def test_an_early_exit_with_a_fake_summary_fails_the_exact_count(task, evaluator
     assert result.run.ok and result.counts == PytestCounts(passed=1)
     assert not result.passed and result.expected == evaluator.gold_count(task, 1) > 1
     lenient = Evaluator(evaluator.repos, isolation="process", exact_count=False)
-    assert lenient.feature_result(task, 1, files).passed  # the count check is what stops it
+    result = lenient.feature_result(task, 1, files)  # without the count check, the canary stops it
+    assert result.run.ok and not result.passed and result.tampered and lenient.tampered == 1

@@ -22,6 +22,14 @@ def swap(order_id, old, new, method=PAYPAL):
 ADDRESS = {"address1": "1 Main St", "address2": "", "city": "Austin", "state": "TX", "country": "USA",
            "zip": "73301"}
 
+# What pydantic 2.13 prints for a UserAddress built with city=None and zip=73301 (copied from its output).
+PYDANTIC_TWO_ERRORS = (
+    "Error: 2 validation errors for UserAddress\n"
+    "city\n  Input should be a valid string [type=string_type, input_value=None, input_type=NoneType]\n"
+    "    For further information visit https://errors.pydantic.dev/2.13/v/string_type\n"
+    "zip\n  Input should be a valid string [type=string_type, input_value=73301, input_type=int]\n"
+    "    For further information visit https://errors.pydantic.dev/2.13/v/string_type")
+
 # (tool, arguments, the exact result)
 ERRORS = [
     ("get_order_details", {"order_id": "W4862767"}, "Error: Order not found"),
@@ -42,6 +50,10 @@ ERRORS = [
     ("cancel_pending_order", {"order_id": DELIVERED, "reason": "no longer needed"},
      "Error: Non-pending order cannot be cancelled"),
     ("cancel_pending_order", {"order_id": PENDING, "reason": "too expensive"}, "Error: Invalid reason"),
+    ("cancel_pending_order", {"order_id": PENDING, "reason": ["no longer needed"]},
+     "Error: unhashable type: 'list'"),  # tau2-bench looks the reason up in a set
+    ("modify_user_address", {"user_id": "sophia_thomas_5301", **ADDRESS, "city": None, "zip": 73301},
+     PYDANTIC_TWO_ERRORS),
     ("modify_pending_order_address", {"order_id": DELIVERED, **ADDRESS},
      "Error: Non-pending order cannot be modified"),
     ("modify_pending_order_address", {"order_id": "#W0000000", **ADDRESS}, "Error: Order not found"),
@@ -226,3 +238,30 @@ def test_fix_q4_q6_q8(fixed_retail):
     same = fixed_retail.call("exchange_delivered_order_items",
                              swap(DELIVERED, ["3877338112"], ["3877338112"], "paypal_4101143"))
     assert same.content == "Error: The new item id should be different from the old item id"
+
+
+WRONG_PARTS = [  # address parts that are not strings, some with reprs about pydantic's 50-character cut
+    {"address1": 1, "city": 5.5, "country": None, "state": True, "zip": ["a"]},
+    {"city": {"a": 1}, "zip": list(range(40))},
+    {"address2": "x" * 48, "zip": ["y" * 45]}, {"zip": ["y" * 46]}, {"zip": ["y" * 47]},
+]
+
+
+@pytest.mark.parametrize("wrong", WRONG_PARTS)
+def test_address_errors_read_as_pydantics(retail, wrong):
+    pydantic = pytest.importorskip("pydantic", reason="pydantic (the reference) is not installed")
+
+    class UserAddress(pydantic.BaseModel):  # tau2-bench's model: six strings in this order
+        address1: str
+        address2: str
+        city: str
+        country: str
+        state: str
+        zip: str
+
+    arguments = {**ADDRESS, **wrong}
+    with pytest.raises(pydantic.ValidationError) as reference:
+        UserAddress(**arguments)
+    expected = str(reference.value).replace(f"/{pydantic.version.VERSION.rsplit('.', 1)[0]}/", "/2.13/")
+    result = retail.call("modify_user_address", {"user_id": "sophia_thomas_5301", **arguments})
+    assert (result.content, result.error) == ("Error: " + expected, True)

@@ -1,12 +1,14 @@
 #!/bin/bash
 # Usage: run_tests.sh REPO [TESTS_PATCH [FEATURE_PATCH]]
-# Applies FEATURE_PATCH, then TESTS_PATCH (an empty argument stands for none), to the checkout REPO and
-# runs the package's tests there with pytest.
+# As the upstream scripts: resets and cleans the git checkout REPO, applies FEATURE_PATCH, then
+# TESTS_PATCH (an empty argument stands for none), and runs the package's tests there with pytest.
 set -eu
 repo=$1
 tests_patch=${2:-}
 feature_patch=${3:-}
 cd "$repo"
+git reset -q --hard
+git clean -q -fd
 for patch in "$feature_patch" "$tests_patch"; do
     if [ -n "$patch" ]; then
         git apply --whitespace=nowarn "$patch"
