@@ -373,9 +373,9 @@ def population_axes(params: Params | Any) -> Any:
     return 0 if isinstance(params, dict) else params.population_axes()
 
 
-def _per_part(fn: Callable[[Any], Any], params: Params | Any) -> Any:
-    """`params` with fn applied to each leaf of its stacked parts (shared parts as they are)."""
-    part = lambda axis, tree: tree if axis is None else jax.tree.map(fn, tree)
+def _per_part(fn: Callable[[Any], Any], params: Params | Any, shared: Callable[[Any], Any] = lambda t: t) -> Any:
+    """`params` with fn applied to each leaf of its stacked parts and `shared` to each shared part."""
+    part = lambda axis, tree: shared(tree) if axis is None else jax.tree.map(fn, tree)
     return jax.tree.map(part, population_axes(params), params, is_leaf=lambda a: a is None)
 
 
@@ -391,7 +391,7 @@ def population_member(params: Params | Any, index: int) -> Any:
 
 def population_size(params: Params | Any) -> int:
     """P, the leading axis of a population's stacked leaves."""
-    return jax.tree.leaves(_per_part(lambda x: x.shape[0], params))[0]
+    return jax.tree.leaves(_per_part(lambda x: x.shape[0], params, shared=lambda _: None))[0]
 
 
 def forward(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, positions: jax.Array,
