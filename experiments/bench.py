@@ -798,8 +798,7 @@ def bench_sft(args: argparse.Namespace) -> float:
         print(f"  {name}: ours {best['ours']:.3f}s, peft {best['peft']:.3f}s, ratio {ratio:.2f}", flush=True)
         if name == "SmolLM2-135M":
             headline = ratio
-    print(f"
-sft: one LoRA SFT step (forward + backward + AdamW), rank {SFT_LORA['rank']}, alpha "
+    print(f"\nsft: one LoRA SFT step (forward + backward + AdamW), rank {SFT_LORA['rank']}, alpha "
           f"{SFT_LORA['alpha']:g}, targets {'/'.join(SFT_LORA['targets'])}, batch {batch} x {length} "
           f"(loss on the last 3/4 of each row), best of {args.repeats} alternating runs; ratio = peft s / ours s")
     print_table(rows, SFT_TABLE)
