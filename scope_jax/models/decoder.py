@@ -180,7 +180,7 @@ def _swiglu_mlp_forward(x, w_gate, w_up, w_down):
     return (jax.nn.silu(gate) * up) @ w_down, (x, gate, up, w_gate, w_up, w_down)
 
 
-def _weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
+def weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
     """sum over tokens of inputs^T grad, [d_in, d_out], computed as (grad^T inputs)^T.
 
     XLA:CPU wants the right operand of a weight-gradient matmul transposed. Written the autodiff way
@@ -200,7 +200,7 @@ def _swiglu_mlp_backward(residuals, grad):
     d_gate = d_hidden * up * s * (1 + gate * (1 - s))
     d_up = d_hidden * act
     d_x = d_gate @ w_gate.T + d_up @ w_up.T
-    return d_x, _weight_grad(x, d_gate), _weight_grad(x, d_up), _weight_grad(act * up, grad)
+    return d_x, weight_grad(x, d_gate), weight_grad(x, d_up), weight_grad(act * up, grad)
 
 
 swiglu_mlp.defvjp(_swiglu_mlp_forward, _swiglu_mlp_backward)

@@ -33,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from scope_jax.models import decoder
-from scope_jax.models.decoder import MLP, Block, Decoder, DecodeWeights, Params
+from scope_jax.models.decoder import MLP, Block, Decoder, DecodeWeights, Params, weight_grad
 
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
@@ -92,6 +92,27 @@ def trainable_labels(params: Params | LoRAParams, label: str, frozen: str) -> An
     return LoRAParams(base=frozen, adapter=label) if isinstance(params, LoRAParams) else label
 
 
+@jax.custom_vjp
+def low_rank(x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+    """(x A) B over the last axis of x; backward pass written by hand, the weight gradients laid out as
+    `decoder.weight_grad` lays them out (autodiff's form is slower on XLA:CPU, see docs/lora.md)."""
+    return (x @ a) @ b
+
+
+def _low_rank_forward(x, a, b):
+    xa = x @ a
+    return xa @ b, (x, xa, a, b)
+
+
+def _low_rank_backward(residuals, grad):
+    x, xa, a, b = residuals
+    d_xa = grad @ b.T
+    return d_xa @ a.T, weight_grad(x, d_xa), weight_grad(xa, grad)
+
+
+low_rank.defvjp(_low_rank_forward, _low_rank_backward)
+
+
 class LoRALinear(nnx.Linear):
     """nnx.Linear plus a low-rank update: x W + b + scale (x A) B, with A `lora_a` [in, rank] and B
     `lora_b` [rank, out]."""
@@ -107,7 +128,7 @@ class LoRALinear(nnx.Linear):
     def __call__(self, x: jax.Array) -> jax.Array:
         y = super().__call__(x)
         a, b = (p[...].astype(y.dtype) for p in (self.lora_a, self.lora_b))
-        return y + self.scale * ((x.astype(y.dtype) @ a) @ b)
+        return y + self.scale * low_rank(x.astype(y.dtype), a, b)
 
 
 class LoRAMLP(MLP):

@@ -89,6 +89,15 @@ def test_no_base_weight_gradient_is_computed(adapted):
     assert products and not kernels & products, kernels & products
 
 
+def test_the_low_rank_backward_equals_autodiff():
+    x, a, b, cotangent = (jax.random.normal(jax.random.key(i), shape) for i, shape in
+                          enumerate([(2, 5, 12), (12, 3), (3, 7), (2, 5, 7)]))
+    ours = jax.vjp(lora.low_rank, x, a, b)[1](cotangent)
+    autodiff = jax.vjp(lambda x, a, b: (x @ a) @ b, x, a, b)[1](cotangent)
+    for got, want in zip(ours, autodiff):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def _matmul_shapes(jaxpr) -> set[tuple[int, ...]]:
     """Output shapes of every dot_general in `jaxpr` and the jaxprs nested in it."""
     shapes = set()
