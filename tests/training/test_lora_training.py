@@ -36,24 +36,24 @@ def lora_models(tiny_models):
     return graphdef, agent, lora_graphdef, population
 
 
-def rl_step(graphdef, lora_graphdef, agent, sims, sim_batch):
+def rl_step(graphdef, lora_graphdef):
+    """The jitted RL train step (PPO loss and KL for both roles, AdamW) and the optimizer it uses."""
     optimizer = make_optimizer(ADAMW, {"agent": True, "sims": True})
     config = TrainStepConfig(agent=LossConfig(kl_coef=0.1), sims=LossConfig(kl_coef=0.1))
-    state = joint.create({"agent": agent, "sims": sims}, optimizer, seed=0, ref_roles=("agent", "sims"))
-    batch = Batch(agent=random_role_batch(0, (4,)), sims=sim_batch)
-    return jax.jit(make_train_step(graphdef, lora_graphdef, optimizer, config)), state, batch
+    return jax.jit(make_train_step(graphdef, lora_graphdef, optimizer, config)), optimizer
 
 
 def test_a_lora_population_in_the_rl_step_equals_each_member_alone(tiny_models):
     graphdef, agent, lora_graphdef, population = lora_models(tiny_models)
-    sim_batch = random_role_batch(1, (2, 4))
-    step, state, batch = rl_step(graphdef, lora_graphdef, agent, population, sim_batch)
-    together, metrics = step(state, batch)
+    step, optimizer = rl_step(graphdef, lora_graphdef)
+    start = lambda sims: joint.create({"agent": agent, "sims": sims}, optimizer, seed=0,
+                                      ref_roles=("agent", "sims"))
+    agent_batch, sim_batch = random_role_batch(0, (4,)), random_role_batch(1, (2, 4))
+    together, metrics = step(start(population), Batch(agent=agent_batch, sims=sim_batch))
     for p in range(2):
         member = population_of_one(population_member(population, p))
         member_batch = jax.tree.map(lambda x: x[p:p + 1], sim_batch)
-        step_alone, state_alone, batch_alone = rl_step(graphdef, lora_graphdef, agent, member, member_batch)
-        alone, alone_metrics = step_alone(state_alone, batch_alone)
+        alone, alone_metrics = step(start(member), Batch(agent=agent_batch, sims=member_batch))
         for name in ("sims/pg_loss", "sims/kl", "sims/entropy"):
             np.testing.assert_allclose(metrics[name][p], alone_metrics[name][0], rtol=1e-5, atol=1e-7)
         for a, b in zip(jax.tree.leaves(population_member(together.params["sims"].adapter, p)),
