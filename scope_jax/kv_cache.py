@@ -40,7 +40,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from scope_jax import sharding
-from scope_jax.models.decoder import KVCache, Params, SharedPrefix
+from scope_jax.models.decoder import (KVCache, Params, SharedPrefix, bind, population_axes, population_member,
+                                      population_size, state_of)
 from scope_jax.sampling import (MIN_PROMPT_BUCKET, SampleOutput, SamplingConfig, bucket, last_logits,
                                 sample_loop)
 
@@ -184,18 +185,18 @@ def create(graphdef: nnx.GraphDef, params: Params, rows: int, *, groups: int | N
     """
     if groups is not None and (groups < 1 or rows % groups):
         raise ValueError(f"groups={groups} must be a positive divisor of rows={rows}")
-    embedding = params["embed_tokens"]["embedding"]
-    member = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[population:], x.dtype), params)
-    config = nnx.merge(graphdef, member).config
+    state = jax.eval_shape(lambda p: state_of(population_member(p, 0) if population else p), params)
+    config = nnx.merge(graphdef, state).config
+    dtype = state["embed_tokens"]["embedding"].dtype
     padded_per_group = bucket(rows // (groups or 1))
     shards = 1 if mesh is None else sharding.data_parallel_size(mesh)
     while (groups or 1) * padded_per_group % shards:
         padded_per_group += 1
-    layout = Layout(rows, groups, embedding.shape[0] if population else None, padded_per_group, mesh)
+    layout = Layout(rows, groups, population_size(params) if population else None, padded_per_group, mesh)
     shape = layout.lead + (config.num_layers, layout.padded_rows, config.num_kv_heads,
                            bucket(capacity, MIN_CAPACITY), config.head_dim)
     shardings = layout.shardings(prefix=False)
-    zeros = _zeros(shape, embedding.dtype, None if shardings is None else shardings.rows)
+    zeros = _zeros(shape, dtype, None if shardings is None else shardings.rows)
     return RowCache(CacheArrays(zeros, None), (np.zeros(0, np.int32),) * layout.flat_rows,
                     np.zeros(layout.flat_rows, np.int32), None, layout, CacheStats())
 
@@ -236,12 +237,14 @@ def _prefill_prefixes(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
     """Keys and values of the prefixes tokens [(P,) groups, length] (right-padded)."""
 
     def member(params, tokens):
-        model = nnx.merge(graphdef, params)
+        model = bind(graphdef, params)
         positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-        dtype = params["embed_tokens"]["embedding"].dtype
+        dtype = model.embed_tokens.embedding[...].dtype
         return model.hidden(tokens, positions, KVCache.zeros(model.config, *tokens.shape, dtype))[1]
 
-    prefix = jax.vmap(member)(params, tokens) if population else member(params, tokens)
+    if population:
+        member = jax.vmap(member, in_axes=(population_axes(params), 0))
+    prefix = member(params, tokens)
     return prefix if shardings is None else jax.lax.with_sharding_constraint(prefix, shardings)
 
 
@@ -348,7 +351,8 @@ def _per_member(member, population: bool, params, arrays: CacheArrays, key: jax.
         return member(params, arrays, *rows, key)
     members = jnp.arange(rows[0].shape[0])
     keys = None if key is None else jax.vmap(lambda p: jax.random.fold_in(key, p))(members)
-    return jax.vmap(member)(params, arrays, *rows, keys)
+    return jax.vmap(member, in_axes=(population_axes(params),) + (0,) * (len(rows) + 2))(params, arrays, *rows,
+                                                                                         keys)
 
 
 def _constrained(arrays: CacheArrays, shardings: CacheArrays | None) -> CacheArrays:
@@ -361,7 +365,7 @@ def _extend_call(graphdef: nnx.GraphDef, params: Params, arrays: CacheArrays, to
                  starts: jax.Array, prefix_lengths: jax.Array, population: bool,
                  shardings: CacheArrays | None) -> CacheArrays:
     def member(params, arrays, tokens, starts, prefix_lengths, _):
-        _, rows, _ = _prefill(nnx.merge(graphdef, params), arrays, tokens, starts, prefix_lengths)
+        _, rows, _ = _prefill(bind(graphdef, params), arrays, tokens, starts, prefix_lengths)
         return arrays._replace(rows=rows)
 
     return _constrained(_per_member(member, population, params, arrays, None, tokens, starts, prefix_lengths),
@@ -375,7 +379,7 @@ def _generate_call(graphdef: nnx.GraphDef, params: Params, arrays: CacheArrays, 
                    config: SamplingConfig, population: bool,
                    shardings: CacheArrays | None) -> tuple[SampleOutput, CacheArrays]:
     def member(params, arrays, tokens, lengths, starts, prefix_lengths, key):
-        model = nnx.merge(graphdef, params)
+        model = bind(graphdef, params)
         hidden, rows, prefix = _prefill(model, arrays, tokens, starts, prefix_lengths)
         logits = last_logits(model, hidden, lengths)
         out, cache = sample_loop(model, list(zip(rows.k, rows.v)), prefix, logits, starts + lengths,

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scope_jax.models.decoder import Params
+from scope_jax.models.decoder import Params, bind
 
 
 class TokenStats(NamedTuple):
@@ -46,7 +46,7 @@ def token_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, po
                    allowed: tuple[int, ...] | None = None) -> TokenStats:
     """Per-token log-probs and entropies of `tokens` [B, L] under the model (see module docstring)."""
     chex.assert_rank([tokens, positions], 2)
-    model = nnx.merge(graphdef, params)
+    model = bind(graphdef, params)
     hidden, _ = model.hidden(tokens, positions)
     weight = model.head_weight()
     batch, length, dim = hidden.shape

@@ -34,7 +34,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scope_jax import sharding
-from scope_jax.models.decoder import KVCache, Params, SharedPrefix, rope_inverse_frequencies
+from scope_jax.models.decoder import (KVCache, Params, SharedPrefix, bind, population_axes,
+                                      rope_inverse_frequencies)
 
 MIN_PROMPT_BUCKET = 16
 
@@ -158,7 +159,7 @@ def decode(graphdef: nnx.GraphDef, params: Params, prompt_tokens: jax.Array, pro
     chex.assert_type([prompt_tokens, prompt_lengths], int)
     batch, prompt_len = prompt_tokens.shape
     chex.assert_shape(prompt_lengths, (batch,))
-    model = nnx.merge(graphdef, params)
+    model = bind(graphdef, params)
     prompt_lengths = prompt_lengths.astype(jnp.int32)
 
     # Prefill: the prompts' keys and values (P slots: prompts attend only among themselves) and the
@@ -167,7 +168,7 @@ def decode(graphdef: nnx.GraphDef, params: Params, prompt_tokens: jax.Array, pro
     # queries are all padding (the rows' tails past the longest prompt, all of a padded bucket's tail).
     index = jnp.arange(prompt_len, dtype=jnp.int32)
     positions = jnp.where(index < prompt_lengths[:, None], index, -1)
-    cache = KVCache.zeros(model.config, batch, prompt_len, params["embed_tokens"]["embedding"].dtype)
+    cache = KVCache.zeros(model.config, batch, prompt_len, model.embed_tokens.embedding[...].dtype)
     hidden, cache = model.hidden(prompt_tokens, positions, cache)
     logits = last_logits(model, hidden, prompt_lengths)
     grow = lambda layer_cache: jnp.pad(layer_cache, ((0, 0), (0, 0), (0, config.max_new_tokens), (0, 0)))
@@ -288,7 +289,8 @@ def generate(graphdef: nnx.GraphDef, params: Params, prompt_tokens: jax.Array, p
 def _decode_population(graphdef: nnx.GraphDef, params: Params, prompt_tokens: jax.Array,
                        prompt_lengths: jax.Array, keys: jax.Array, config: SamplingConfig) -> SampleOutput:
     member = lambda p, tokens, lengths, key: decode(graphdef, p, tokens, lengths, key, config)
-    return jax.vmap(member)(params, prompt_tokens, prompt_lengths, keys)
+    return jax.vmap(member, in_axes=(population_axes(params), 0, 0, 0))(params, prompt_tokens, prompt_lengths,
+                                                                        keys)
 
 
 _decode_population_jit = jax.jit(_decode_population, static_argnames=("graphdef", "config"))
@@ -299,7 +301,7 @@ def generate_population(graphdef: nnx.GraphDef, params: Params, prompt_tokens: j
                         mesh: Mesh | None = None) -> SampleOutput:
     """`generate` for P models of one architecture in one call, vmapped over P.
 
-    params: stacked [P, ...]; prompt_tokens [P, B, P_len], prompt_lengths [P, B] (length 0 marks an
+    params: stacked [P, ...] (a LoRA population: P adapters over one base); prompt_tokens [P, B, P_len], prompt_lengths [P, B] (length 0 marks an
     unused row, so members may have different numbers of prompts). Member p samples with
     `fold_in(key, p)`, exactly as `generate(params[p], ..., fold_in(key, p))` would. Outputs carry [P].
     With `mesh`, each member's rows are spread over its (data, fsdp) axes, as in `generate`.

@@ -18,7 +18,7 @@ Attention is `scope_jax.models.attention`: dense for short sequences, blockwise 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import chex
 import jax
@@ -281,10 +281,13 @@ class Decoder(nnx.Module):
       param_dtype: storage dtype of parameters.
       remat: recompute each layer in the backward pass (less activation memory, ~1/3 more compute).
       attention_block: attention runs blockwise beyond attention_block^2 scores per (row, kv head).
+      block: the layer class, called as block(config, dtype, param_dtype, rngs, attention_block) (a LoRA
+        layer: `scope_jax.models.lora`).
     """
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype=jnp.float32, param_dtype=jnp.float32,
-                 remat: bool = False, attention_block: int = attention.BLOCK):
+                 remat: bool = False, attention_block: int = attention.BLOCK,
+                 block: Callable[..., "Block"] = Block):
         self.config = config
         self.remat = remat
         self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, dtype=dtype,
@@ -294,7 +297,7 @@ class Decoder(nnx.Module):
         @nnx.split_rngs(splits=config.num_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0)
         def make_layers(rngs: nnx.Rngs) -> Block:
-            return Block(config, dtype, param_dtype, rngs, attention_block)
+            return block(config, dtype, param_dtype, rngs, attention_block)
 
         self.layers = make_layers(rngs)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, param_dtype=param_dtype)
@@ -352,10 +355,49 @@ def split(model: Decoder) -> tuple[nnx.GraphDef, Params]:
     return graphdef, state.to_pure_dict()
 
 
+def state_of(params: Params | Any) -> Params:
+    """The decoder state of `params`: a plain dict as it is, or what a structured params pytree makes
+    (`decoder_state()`; a LoRA base + adapter, `scope_jax.models.lora.LoRAParams`)."""
+    return params if isinstance(params, dict) else params.decoder_state()
+
+
+def bind(graphdef: nnx.GraphDef, params: Params | Any) -> Decoder:
+    """The decoder of plain or structured params (see `state_of`)."""
+    return nnx.merge(graphdef, state_of(params))
+
+
+def population_axes(params: Params | Any) -> Any:
+    """`vmap` in_axes of a population's params: every leaf's leading axis for plain dicts; a structured
+    params pytree says which of its parts are stacked (`population_axes()`: a LoRA population stacks
+    the adapters only, over one shared base)."""
+    return 0 if isinstance(params, dict) else params.population_axes()
+
+
+def _per_part(fn: Callable[[Any], Any], params: Params | Any, shared: Callable[[Any], Any] = lambda t: t) -> Any:
+    """`params` with fn applied to each leaf of its stacked parts and `shared` to each shared part."""
+    part = lambda axis, tree: shared(tree) if axis is None else jax.tree.map(fn, tree)
+    return jax.tree.map(part, population_axes(params), params, is_leaf=lambda a: a is None)
+
+
+def population_of_one(params: Params | Any) -> Any:
+    """One model's params as a population of one (the stacked leaves given a leading axis of 1)."""
+    return _per_part(lambda x: x[None], params)
+
+
+def population_member(params: Params | Any, index: int) -> Any:
+    """Member `index` of a population's params."""
+    return _per_part(lambda x: x[index], params)
+
+
+def population_size(params: Params | Any) -> int:
+    """P, the leading axis of a population's stacked leaves."""
+    return jax.tree.leaves(_per_part(lambda x: x.shape[0], params, shared=lambda _: None))[0]
+
+
 def forward(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, positions: jax.Array,
             cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
     """Pure forward: float32 logits [B, L, V] and the updated cache."""
-    return nnx.merge(graphdef, params)(tokens, positions, cache)
+    return bind(graphdef, params)(tokens, positions, cache)
 
 
 # Megatron-style tensor parallelism inside each layer, FSDP over the model dimension. Stacked layer

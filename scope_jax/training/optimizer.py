@@ -6,6 +6,8 @@ import dataclasses
 
 import optax
 
+from scope_jax.models.lora import trainable_labels
+
 FROZEN = "frozen"
 
 
@@ -45,10 +47,14 @@ def _role_optimizer(config: OptimizerConfig, peak_lr: float) -> optax.GradientTr
 def make_optimizer(config: OptimizerConfig, roles: dict[str, bool]) -> optax.GradientTransformation:
     """`roles` maps each top-level params key ("agent", "sims") to whether it trains.
 
-    A frozen role is labelled `frozen` and gets `optax.set_to_zero()`: no optimizer state, zero updates.
+    A frozen role, and the frozen base of a LoRA role (`scope_jax.models.lora`), are labelled `frozen`
+    and get `optax.set_to_zero()`: no optimizer state, zero updates.
     """
     lrs = {"agent": config.learning_rate, "sims": config.sim_learning_rate}
-    labels = {role: (role if trains else FROZEN) for role, trains in roles.items()}
     transforms = {role: _role_optimizer(config, lrs[role]) for role, trains in roles.items() if trains}
     transforms[FROZEN] = optax.set_to_zero()
+
+    def labels(params):
+        return {role: trainable_labels(params[role], role if roles[role] else FROZEN, FROZEN) for role in roles}
+
     return optax.multi_transform(transforms, labels)

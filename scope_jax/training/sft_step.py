@@ -18,6 +18,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scope_jax import sharding
+from scope_jax.models.decoder import population_axes
 from scope_jax.training.batch import TokenBatch
 from scope_jax.training.loss import LossConfig, aggregation_weights, nll_loss
 from scope_jax.training.state import JointState
@@ -48,7 +49,8 @@ def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformatio
     def loss_fn(params, ref_params, micro):
         batch, weights = micro
         if population:
-            losses, metrics = jax.vmap(member_nll)(params["sims"], batch, weights)
+            in_axes = (population_axes(params["sims"]), 0, 0)
+            losses, metrics = jax.vmap(member_nll, in_axes=in_axes)(params["sims"], batch, weights)
             return jnp.sum(losses), {"nll": metrics["nll"]}  # per member: [P]
         return member_nll(params["agent"], batch, weights)
 

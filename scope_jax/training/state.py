@@ -45,10 +45,12 @@ def create(params: dict[str, Any], optimizer: optax.GradientTransformation, seed
 
 
 def joint_rules(rules: sharding.Rules = PARTITION_RULES) -> tuple[tuple[str, Any], ...]:
-    """Partition rules for a JointState: simulator leaves carry the population axis first (unsharded)."""
+    """Partition rules for a JointState: simulator leaves carry the population axis first (unsharded),
+    except the base of a LoRA population (`LoRAParams.base`), which all members share."""
+    shared_base = tuple((r"(^|/)sims/base/.*" + pattern.lstrip("^"), spec) for pattern, spec in rules)
     population = tuple((r"(^|/)sims/.*" + pattern.lstrip("^"), jax.sharding.PartitionSpec(None, *spec))
                        for pattern, spec in rules)
-    return population + tuple(rules)
+    return shared_base + population + tuple(rules)
 
 
 def state_shardings(state: JointState, mesh: jax.sharding.Mesh, rules: sharding.Rules = PARTITION_RULES):

@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scope_jax import sharding
+from scope_jax.models.decoder import population_axes, population_of_one
 from scope_jax.training.batch import Batch, RoleBatch
 from scope_jax.training.loss import LossConfig, aggregation_weights, nll_loss, role_loss
 from scope_jax.training.state import JointState, state_shardings
@@ -104,9 +105,8 @@ def make_train_step(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef | N
         metrics = {f"agent/{k}": v for k, v in agent_metrics.items()}
         if train_sims:
             if config.self_play:
-                sim_params = jax.tree.map(lambda x: x[None], params["agent"])
-                sim_ref = (jax.tree.map(lambda x: x[None], ref_params["agent"]) if "agent" in ref_params
-                           else None)
+                sim_params = population_of_one(params["agent"])
+                sim_ref = population_of_one(ref_params["agent"]) if "agent" in ref_params else None
                 graphdef = agent_graphdef
             else:
                 sim_params, sim_ref, graphdef = params["sims"], ref_params.get("sims"), sim_graphdef
@@ -119,8 +119,8 @@ def make_train_step(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef | N
                     member_metrics = {**member_metrics, **nll_metrics}
                 return loss, member_metrics
 
-            ref_axis = None if sim_ref is None else 0
-            losses, sim_metrics = jax.vmap(member_loss, in_axes=(0, ref_axis, 0, 0, 0, 0))(
+            ref_axes = None if sim_ref is None else population_axes(sim_ref)
+            losses, sim_metrics = jax.vmap(member_loss, in_axes=(population_axes(sim_params), ref_axes, 0, 0, 0, 0))(
                 sim_params, sim_ref, sim_batch, sim_w, data_batch, data_w)
             total = total + jnp.sum(losses)
             metrics.update({f"sims/{k}": v for k, v in sim_metrics.items()})  # per member: [P]
