@@ -15,7 +15,9 @@ held-out NLL (token mean over the eval views) is logged before the updates of st
 and after the last. Checkpoints every `train.checkpoint_every` steps and at the last; a run directory
 with a checkpoint resumes from it and logs what an uninterrupted run would have. metrics.jsonl and
 tensorboard get loss, grad norm, trained tokens and tokens/s per step; the progress bar shows tokens/s
-and the ETA. The trained parameters are params["agent"] of the joint state (one model).
+and the ETA. The trained parameters are params["agent"] of the joint state (one model): the whole model,
+or with `lora.rank` > 0 a LoRA adapter (`scope_jax.models.lora`: rank, alpha, target projections) beside
+the frozen base, saved on its own at the end (adapter/: safetensors and its settings).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from scope_jax.dialogue.episode import ROLES, Episode
 from scope_jax.dialogue.views import RoleView
 from scope_jax.envs.p4g import P4GEnv
 from scope_jax.envs.p4g_human import HumanDialogues
+from scope_jax.models import lora
 from scope_jax.training import state as joint
 from scope_jax.training.checkpoint import Checkpointer, config_fingerprint
 from scope_jax.training.loss import LossConfig, nll_loss
@@ -43,6 +46,7 @@ from scope_jax.training.sft_data import Buckets, dialogue_view, token_batch
 from scope_jax.training.sft_step import SFTStepConfig, compile_sft_step, make_sft_step
 
 PARAMS = "agent"  # the joint state's key of the one trained model
+ADAPTER = "adapter"  # the run directory's folder of the trained LoRA adapter
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -59,6 +63,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict({"steps": 100, "batch_size": 8, "microbatches": 1, "eval_every": 25,
                                          "checkpoint_every": 25, "chunk_size": 128})
     c.optimizer = ml_collections.ConfigDict(dict(dataclasses.asdict(OptimizerConfig()), learning_rate=1e-4))
+    c.lora = ml_collections.ConfigDict({"rank": 0, "alpha": 16.0, "targets": ("q_proj", "v_proj")})  # rank 0: off
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
     return c
 
@@ -78,7 +83,16 @@ def check(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config key 'train.batch_size' is {rows}, which does not split into "
                           f"train.microbatches = {micro} micro-batches of a multiple of mesh.data x mesh.fsdp "
                           f"= {sharding.data_parallel_size(mesh)} rows")
+    if config.lora.rank:
+        try:
+            lora_config(config)
+        except ValueError as e:
+            raise ConfigError(f"config group 'lora': {e}") from None
     dialogues(config)  # a missing data file or an unknown split stops the run here, in one line
+
+
+def lora_config(config) -> lora.LoRAConfig:
+    return lora.LoRAConfig(rank=config.lora.rank, alpha=config.lora.alpha, targets=tuple(config.lora.targets))
 
 
 def dialogues(config) -> tuple[P4GEnv, dict[str, list[Episode]], dict[str, dict[str, int]]]:
@@ -148,6 +162,8 @@ def train_sft(config, run_dir: RunDir) -> Trained:
     """Run (or resume) the SFT steps into `run_dir`."""
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     graphdef, params, tokenizer = load_model(config.model, dtype=config.dtype, remat=config.remat, mesh=mesh)
+    if config.lora.rank:
+        graphdef, params = lora.init(graphdef, params, lora_config(config), seed=config.seed)
     pad_id = tokenizer.pad_token_id or 0
     data = prepare_data(config, tokenizer)
     train = config.train
@@ -194,6 +210,8 @@ def train_sft(config, run_dir: RunDir) -> Trained:
     final = evaluate(state)
     run_dir.log(train.steps, final)
     ckpt.close()
+    if config.lora.rank:
+        lora.save_adapter(run_dir.path / ADAPTER, state.params[PARAMS].adapter, lora_config(config))
     return Trained(graphdef, state.params[PARAMS], tokenizer, data, {**last, **final})
 
 

@@ -9,6 +9,7 @@ import pytest
 from experiments.jobs import sft
 from experiments.run import prepare
 from scope_jax.config import ConfigError
+from scope_jax.models import lora
 from scope_jax.training.checkpoint import Checkpointer
 from scope_jax.training.run_dir import RunDir
 
@@ -40,8 +41,10 @@ class Stop(Exception):
     pass
 
 
-def test_a_stopped_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
+@pytest.mark.parametrize("rank", [0, 2])  # the whole model, a LoRA adapter
+def test_a_stopped_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, rank):
     config = tiny_config()
+    config.lora.rank = rank
     prepare(config)
     with RunDir.create(tmp_path / "reference", config) as run_dir:
         sft.run(config, run_dir)
@@ -63,6 +66,7 @@ def test_a_stopped_run_resumes_to_the_same_metrics(tmp_path, monkeypatch):
     with RunDir.create(tmp_path / "stopped", config) as run_dir:
         sft.run(config, run_dir)
     assert records(tmp_path / "stopped") == reference
+    assert (tmp_path / "stopped" / sft.ADAPTER / lora.ADAPTER_FILE).exists() == bool(rank)
 
 
 def test_missing_data_file_and_bad_split_are_one_line_config_errors(tmp_path):
