@@ -37,6 +37,7 @@ from scope_jax.dialogue.transcript import transcript
 from scope_jax.envs.p4g import P4GEnv
 from scope_jax.envs.p4g_human import HumanDialogues
 from scope_jax.sampling import SamplingConfig
+from scope_jax.training.players import load_model
 from scope_jax.training.run_dir import RunDir
 
 
@@ -120,11 +121,11 @@ def fidelity_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def evaluate(config, trained: sft.Trained, base_params, run_dir: RunDir) -> dict:
+def evaluate(config, tokenizer, arms: dict[str, tuple], run_dir: RunDir) -> dict:
+    """The fidelity results of `arms` ({name: (graphdef, params)}) on the held-out participants."""
     env, cases, heldout = heldout_cases(config)
     humans = np.array([case.scenario.donation for case in cases])
     fid = config.fidelity
-    tokenizer = trained.tokenizer
     sampling = SamplingConfig(temperature=fid.temperature, max_new_tokens=fid.max_new_tokens,
                               stop_token_ids=(tokenizer.eos_token_id,), pad_token_id=tokenizer.pad_token_id or 0)
     results = {"humans": {**p4g_fidelity.donation_stats(humans, humans),
@@ -134,9 +135,9 @@ def evaluate(config, trained: sft.Trained, base_params, run_dir: RunDir) -> dict
                                                           np.random.default_rng([config.seed, 2])),
                "arms": {}}
     transcripts = []
-    for arm, params in (("prompted", base_params), ("proxy", trained.params)):
+    for arm, (graphdef, params) in arms.items():
         print(f"fidelity: {arm}", flush=True)
-        player = Player(trained.graphdef, params, tokenizer, sampling, fid.max_context)
+        player = Player(graphdef, params, tokenizer, sampling, fid.max_context)
         episodes = play_arm(env, cases, player, config)
         results["arms"][arm] = p4g_fidelity.arm_results(episodes, humans, fid.distinct_n)
         transcripts += [dict(transcript(env, e), arm=arm, human_donation=e.scenario.donation) for e in episodes]
@@ -151,8 +152,9 @@ def evaluate(config, trained: sft.Trained, base_params, run_dir: RunDir) -> dict
 
 def run(config, run_dir: RunDir) -> None:
     trained = sft.train_sft(config, run_dir)
-    _, base_params, _ = sft.load_model(config.model, dtype=config.dtype)
-    results = evaluate(config, trained, base_params, run_dir)
+    base_graphdef, base_params, _ = load_model(config.model, dtype=config.dtype)
+    arms = {"prompted": (base_graphdef, base_params), "proxy": (trained.graphdef, trained.params)}
+    results = evaluate(config, trained.tokenizer, arms, run_dir)
     lines = sft.summary_lines(config, trained, run_dir)
     lines += ["", "## Fidelity on held-out participants", "",
               f"{config.fidelity.dialogues} held-out participants, one dialogue each at temperature "
