@@ -4,9 +4,9 @@ donation fidelity against held-out participants next to the prompted model and t
     python -m experiments.run --config=experiments/configs/p4g_proxy.py        # this CPU (docs/sft.md)
     python -m experiments.run --config=experiments/configs/p4g_proxy.py:quick  # 2 SFT steps, 4 dialogues
 
-The settings are chosen to fit about an hour on this 2-core CPU (docs/sft.md has the measurements): the
-first 4 turns per role of each dialogue (views of about 410 tokens, median), views up to 640 tokens,
-4 dialogues per step, a rank-8 LoRA adapter (alpha 16) on the four attention projections of every
+The settings are chosen to fit about an hour on this shared 2-core CPU (docs/sft.md has the measurements):
+the first 4 turns per role of each dialogue (views of about 410 tokens, median), views up to 640 tokens,
+40 steps of 4 dialogues, a rank-8 LoRA adapter (alpha 16) on the four attention projections of every
 layer (0.9M parameters, 3.7 MB), the base frozen.
 """
 
@@ -15,8 +15,8 @@ from experiments.jobs.p4g_proxy import default_config
 
 def get_config(arg: str = ""):
     config = default_config()
-    config.data.update(max_turns=4, max_length=640, eval_dialogues=32)
-    config.train.update(steps=150, batch_size=4, eval_every=50, checkpoint_every=25)
+    config.data.update(max_turns=4, max_length=640, eval_dialogues=16)
+    config.train.update(steps=40, batch_size=4, eval_every=20, checkpoint_every=10)
     config.lora.update(rank=8, alpha=16.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
     config.optimizer.update(learning_rate=2e-4, warmup_steps=10)
     config.fidelity.update(dialogues=32, batch=32, max_turns=4, max_new_tokens=40)
