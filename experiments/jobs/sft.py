@@ -62,7 +62,7 @@ def default_config() -> ml_collections.ConfigDict:
         "eval_split": "eval", "train_dialogues": 0, "eval_dialogues": 0})
     c.train = ml_collections.ConfigDict({"steps": 100, "batch_size": 8, "microbatches": 1, "eval_every": 25,
                                          "checkpoint_every": 25, "chunk_size": 128})
-    c.optimizer = ml_collections.ConfigDict(dict(dataclasses.asdict(OptimizerConfig()), learning_rate=1e-4))
+    c.optimizer = ml_collections.ConfigDict(dict(dataclasses.asdict(OptimizerConfig()), learning_rate=2e-5))
     c.lora = ml_collections.ConfigDict({"rank": 0, "alpha": 16.0, "targets": ("q_proj", "v_proj")})  # rank 0: off
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
     return c
