@@ -1,4 +1,4 @@
-"""The P4G human proxy: a persuadee fine-tuned on the human persuadee turns, and its fidelity on held-out people.
+"""The P4G human proxy: a persuadee fine-tuned on human persuadee turns, and its fidelity on held-out people.
 
 Training is the `sft` job on the persuadee role (`role` = "sim") of the train split's human dialogues.
 Then, on `fidelity.dialogues` held-out participants (the environment's "eval" split, a valid donation,
@@ -65,7 +65,8 @@ def heldout_cases(config) -> tuple[P4GEnv, list[Episode], np.ndarray]:
     long_enough = [e for e in every if e.turns_taken.get(AGENT, 0) == config.fidelity.max_turns]
     if len(long_enough) < config.fidelity.dialogues:
         raise ConfigError(f"config key 'fidelity.dialogues' is {config.fidelity.dialogues}, but only "
-                          f"{len(long_enough)} held-out dialogues have {config.fidelity.max_turns} persuader turns")
+                          f"{len(long_enough)} held-out dialogues have {config.fidelity.max_turns} persuader "
+                          "turns")
     rng = np.random.default_rng([config.seed, 3])
     chosen = [long_enough[i] for i in rng.choice(len(long_enough), config.fidelity.dialogues, replace=False)]
     return env, chosen, np.array([e.scenario.donation for e in every])
@@ -116,8 +117,9 @@ def fidelity_table(results: dict) -> str:
     lines = ["| | " + " | ".join(name for name, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     lines += [f"| {label} | " + " | ".join(cell(row) for _, cell in COLUMNS) + " |" for label, row in rows]
     floor = results["sampling_noise"]
-    lines += ["", f"Sampling noise at n = {results['humans']['n']}: that many held-out humans drawn at random "
-              f"score hist L1 {floor['hist_l1']:.3f} and KS {floor['ks']:.3f} against those humans on average."]
+    lines += ["", f"Sampling noise at n = {results['humans']['n']}: that many held-out humans drawn at "
+              f"random score hist L1 {floor['hist_l1']:.3f} and KS {floor['ks']:.3f} against those humans "
+              "on average."]
     return "\n".join(lines)
 
 
@@ -127,7 +129,8 @@ def evaluate(config, tokenizer, arms: dict[str, tuple], run_dir: RunDir) -> dict
     humans = np.array([case.scenario.donation for case in cases])
     fid = config.fidelity
     sampling = SamplingConfig(temperature=fid.temperature, max_new_tokens=fid.max_new_tokens,
-                              stop_token_ids=(tokenizer.eos_token_id,), pad_token_id=tokenizer.pad_token_id or 0)
+                              stop_token_ids=(tokenizer.eos_token_id,),
+                              pad_token_id=tokenizer.pad_token_id or 0)
     results = {"humans": {**p4g_fidelity.donation_stats(humans, humans),
                           "histogram": p4g_fidelity.histogram(humans).tolist()},
                "human_halves": half_against_half(heldout, config.seed),
@@ -140,7 +143,8 @@ def evaluate(config, tokenizer, arms: dict[str, tuple], run_dir: RunDir) -> dict
         player = Player(graphdef, params, tokenizer, sampling, fid.max_context)
         episodes = play_arm(env, cases, player, config)
         results["arms"][arm] = p4g_fidelity.arm_results(episodes, humans, fid.distinct_n)
-        transcripts += [dict(transcript(env, e), arm=arm, human_donation=e.scenario.donation) for e in episodes]
+        transcripts += [dict(transcript(env, e), arm=arm, human_donation=e.scenario.donation)
+                        for e in episodes]
     run_dir.write_text("dialogues.jsonl", "".join(json.dumps(t) + "\n" for t in transcripts))
     run_dir.write_json("fidelity.json", results)
     run_dir.write_text("fidelity.md", fidelity_table(results) + "\n")
@@ -159,6 +163,7 @@ def run(config, run_dir: RunDir) -> None:
     lines += ["", "## Fidelity on held-out participants", "",
               f"{config.fidelity.dialogues} held-out participants, one dialogue each at temperature "
               f"{config.fidelity.temperature} against their own human persuader's first "
-              f"{config.fidelity.max_turns} turns, replies of at most {config.fidelity.max_new_tokens} tokens.", "",
+              f"{config.fidelity.max_turns} turns, replies of at most {config.fidelity.max_new_tokens} "
+              "tokens.", "",
               fidelity_table(results), "", "![donations](figures/donations.png)"]
     run_dir.write_summary("\n".join(lines))

@@ -63,7 +63,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict({"steps": 100, "batch_size": 8, "microbatches": 1, "eval_every": 25,
                                          "checkpoint_every": 25, "chunk_size": 128})
     c.optimizer = ml_collections.ConfigDict(dict(dataclasses.asdict(OptimizerConfig()), learning_rate=2e-5))
-    c.lora = ml_collections.ConfigDict({"rank": 0, "alpha": 16.0, "targets": ("q_proj", "v_proj")})  # rank 0: off
+    # rank 0: no adapter, every parameter trains
+    c.lora = ml_collections.ConfigDict({"rank": 0, "alpha": 16.0, "targets": ("q_proj", "v_proj")})
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
     return c
 
@@ -81,8 +82,8 @@ def check(config: ml_collections.ConfigDict) -> None:
     rows, micro = config.train.batch_size, config.train.microbatches
     if rows % micro or (rows // micro) % sharding.data_parallel_size(mesh):
         raise ConfigError(f"config key 'train.batch_size' is {rows}, which does not split into "
-                          f"train.microbatches = {micro} micro-batches of a multiple of mesh.data x mesh.fsdp "
-                          f"= {sharding.data_parallel_size(mesh)} rows")
+                          f"train.microbatches = {micro} micro-batches of a multiple of mesh.data x "
+                          f"mesh.fsdp = {sharding.data_parallel_size(mesh)} rows")
     if config.lora.rank:
         try:
             lora_config(config)
@@ -183,7 +184,8 @@ def train_sft(config, run_dir: RunDir) -> Trained:
     if ckpt.latest_step() is None:
         state = jax.device_put(state, shardings)
     else:
-        abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
+        abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
+                                shardings)
         state, host = ckpt.restore(abstract)
         start = host["step"]
         run_dir.truncate_metrics(start)
@@ -200,7 +202,8 @@ def train_sft(config, run_dir: RunDir) -> Trained:
         seconds = time.perf_counter() - began
         tokens = float(batch.loss_mask.sum())
         last = {"loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
-                "skipped": float(metrics["skipped"]), "tokens": tokens, "padded_tokens": float(batch.tokens.size),
+                "skipped": float(metrics["skipped"]), "tokens": tokens,
+                "padded_tokens": float(batch.tokens.size),
                 "tokens_per_s": batch.tokens.size / seconds, "time/step": seconds,
                 "epoch": step / len(buckets.buckets)}
         run_dir.log(step, {**last, **record})

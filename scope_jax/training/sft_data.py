@@ -5,8 +5,8 @@ the imitated role is grown exactly as a model speaker grows it in a rollout (`Ro
 `add_prompt`, `add_reply`): before each of the role's turns the prompt since its last reply, then its
 reply. A written reply enters the view as if the role had sampled it: its text's tokens followed by the
 tokenizer's stop token (`teacher_forced`); a message that already holds sampled ids (from a rollout)
-keeps them. The environment's opening messages are context, as in a rollout. So SFT and RL train on identical tokens, and the loss mask is 1 on the role's own replies
-only.
+keeps them. The environment's opening messages are context, as in a rollout. So SFT and RL train on
+identical tokens, and the loss mask is 1 on the role's own replies only.
 
 Batches are length buckets: the dialogues sorted by view length and cut into batches of consecutive
 ones, each right-padded to its longest view (rounded up to `batch.LENGTH_MULTIPLE`, so the number of
@@ -39,7 +39,8 @@ def teacher_forced(message: Message, tokenizer: PreTrainedTokenizerBase) -> Mess
     return dataclasses.replace(message, sampled_ids=ids, logprobs=(0.0,) * len(ids), stopped=True)
 
 
-def dialogue_view(env: Environment, episode: Episode, role: str, tokenizer: PreTrainedTokenizerBase) -> RoleView:
+def dialogue_view(env: Environment, episode: Episode, role: str,
+                  tokenizer: PreTrainedTokenizerBase) -> RoleView:
     """`role`'s token view of the finished dialogue `episode` of `env`, grown turn by turn as in a rollout
     (the role's system prompt and template tools are the environment's); it ends with the role's last
     reply. The environment's opening messages (`env.opening`) are context, as in a rollout, also where
@@ -74,7 +75,8 @@ class Buckets:
         full = len(order) // batch_size
         if not full:
             raise ValueError(f"{len(order)} dialogues do not fill one batch of {batch_size}")
-        buckets = tuple(tuple(int(i) for i in order[b * batch_size:(b + 1) * batch_size]) for b in range(full))
+        buckets = tuple(tuple(int(i) for i in order[b * batch_size:(b + 1) * batch_size])
+                        for b in range(full))
         return cls(buckets, len(order) - full * batch_size)
 
     def at_step(self, step: int, seed: int) -> tuple[int, ...]:

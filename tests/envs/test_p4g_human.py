@@ -47,7 +47,8 @@ def test_episode_is_the_opening_capped_turns_and_the_real_donation(toy, max_turn
     assert messages[0] == toy.opening(episode.scenario)[0]
     assert [m.text for m in messages[1:-2]] == said
     assert [m.role for m in messages[1:-2]] == [AGENT, SIM] * max_turns
-    assert (messages[-2].role, messages[-2].text, messages[-2].visible_to) == (ENV, p4g.CLOSING_QUESTION, (SIM,))
+    closing = messages[-2]
+    assert (closing.role, closing.text, closing.visible_to) == (ENV, p4g.CLOSING_QUESTION, (SIM,))
     assert messages[-1].role == SIM and p4g.stated_donation(episode) == 0.25  # the closing answer wins
 
 
