@@ -233,13 +233,14 @@ def run(config, run_dir: RunDir) -> None:
     results["humans"]["histogram"] = histogram(humans).tolist()
     run_dir.write_text("dialogues.jsonl", "".join(json.dumps(t) + "\n" for t in transcripts))
     run_dir.write_json("summary.json", results)
-    plot(run_dir, results, config)
+    series = [("humans (n=%d)" % results["humans"]["n"], results["humans"]["histogram"])]
+    series += [(f"{arm} (n={stats['n']})", stats["histogram"]) for arm, stats in results["arms"].items()]
+    plot(run_dir, series, f"P4G donations: humans vs simulated persuadees ({config.simulator.model})")
     run_dir.write_summary(summary(results, config, transcripts))
 
 
-def plot(run_dir: RunDir, results: dict, config) -> None:
-    series = [("humans (n=%d)" % results["humans"]["n"], results["humans"]["histogram"])]
-    series += [(f"{arm} (n={stats['n']})", stats["histogram"]) for arm, stats in results["arms"].items()]
+def plot(run_dir: RunDir, series: list[tuple[str, list[float]]], title: str) -> None:
+    """figures/donations.png: the donation histograms (shares per bin of BINS) of `series` (label, shares)."""
     fig, ax = plt.subplots(figsize=(8, 3.4))
     width = 0.8 / len(series)
     for i, (label, shares) in enumerate(series):
@@ -247,7 +248,7 @@ def plot(run_dir: RunDir, results: dict, config) -> None:
     ax.set_xticks(np.arange(len(BIN_LABELS)), BIN_LABELS)
     ax.set_xlabel("donation (dollars)")
     ax.set_ylabel("share of persuadees")
-    ax.set_title(f"P4G donations: humans vs simulated persuadees ({config.simulator.model})")
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     run_dir.save_figure(fig, "donations")

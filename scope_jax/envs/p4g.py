@@ -68,7 +68,7 @@ VALUES = {  # Schwartz values, scale 1..6
 DECISION_STYLE = ("rational", "intuitive")  # scale 1..5
 NUMERIC = (*BIG_FIVE, *MORAL_FOUNDATIONS, *VALUES, *DECISION_STYLE, "age", "income")
 CATEGORICAL = ("sex", "race", "edu", "marital", "employment", "religion", "ideology")
-REQUIRED_COLUMNS = ("B3", "B4", "B6", *(f"{name}.x" for name in NUMERIC + CATEGORICAL))
+REQUIRED_COLUMNS = ("B2", "B3", "B4", "B6", *(f"{name}.x" for name in NUMERIC + CATEGORICAL))
 
 PERSUADER_PROMPT = (
     "You are chatting with another participant of an online study. Persuade them to donate part or all of "
@@ -93,12 +93,14 @@ class P4GDataError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Persona:
     """One persuadee row: participant id, the human's actual donation (None when missing or outside
-    $0..$2), numeric traits (None when missing) and categorical demographics ("" when missing)."""
+    $0..$2), numeric traits (None when missing), categorical demographics ("" when missing) and the id of
+    the dialogue the row belongs to (B2, in FullData/full_dialog.csv)."""
 
     participant: str
     donation: float | None
     traits: tuple[tuple[str, float | None], ...]
     demographics: tuple[tuple[str, str], ...]
+    dialogue: str = ""
 
     def __str__(self) -> str:
         return self.participant
@@ -142,7 +144,8 @@ def _persona(row: dict[str, str | None]) -> Persona:
         donation = None
     return Persona(participant=(row["B3"] or "").strip(), donation=donation,
                    traits=tuple((name, _number(row, f"{name}.x")) for name in NUMERIC),
-                   demographics=tuple((name, (row[f"{name}.x"] or "").strip()) for name in CATEGORICAL))
+                   demographics=tuple((name, (row[f"{name}.x"] or "").strip()) for name in CATEGORICAL),
+                   dialogue=(row["B2"] or "").strip())
 
 
 def heldout_score(participant: str, seed: int) -> float:

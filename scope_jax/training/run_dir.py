@@ -16,7 +16,7 @@ import json
 import pathlib
 import shutil
 import time
-from typing import Any, Iterable, Iterator, Mapping, TypeVar
+from typing import Any, Iterable, Mapping, TypeVar
 
 import numpy as np
 
@@ -171,10 +171,11 @@ class RunDir:
         return out
 
     @staticmethod
-    def progress(iterable: Iterable[T], desc: str, total: int | None = None) -> Iterator[T]:
+    def progress(iterable: Iterable[T], desc: str, total: int | None = None) -> Iterable[T]:
+        """A tqdm bar over `iterable` (its set_postfix_str adds live figures such as tokens/s)."""
         from tqdm.auto import tqdm
 
-        return iter(tqdm(iterable, desc=desc, total=total, dynamic_ncols=True))
+        return tqdm(iterable, desc=desc, total=total, dynamic_ncols=True)
 
     def close(self) -> None:
         if self._tb is not None:

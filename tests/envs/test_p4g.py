@@ -157,7 +157,7 @@ def _row(participant: str, role: str = "1", donation: str = "0.5", **overrides) 
 def write_info(folder: pathlib.Path, rows: list[dict[str, str]], columns=None) -> pathlib.Path:
     path = folder / p4g.INFO_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    columns = columns or ["B2", *p4g.REQUIRED_COLUMNS]
+    columns = columns or list(p4g.REQUIRED_COLUMNS)
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, columns, extrasaction="ignore")
         writer.writeheader()
@@ -207,7 +207,7 @@ def test_invalid_donations_and_missing_traits_are_none(tmp_path):
 ])
 def test_data_errors_are_one_line_naming_the_file(tmp_path, breakage, message):
     if breakage == "column":
-        write_info(tmp_path, [_row("a")], columns=[c for c in ["B2", *p4g.REQUIRED_COLUMNS] if c != "B6"])
+        write_info(tmp_path, [_row("a")], columns=[c for c in list(p4g.REQUIRED_COLUMNS) if c != "B6"])
     elif breakage == "value":
         write_info(tmp_path, [_row("a"), _row("b", **{"care.x": "high"})])
     elif breakage == "no_persuadees":
