@@ -7,6 +7,9 @@ Arms run on `Settings.workers` threads, which take them in `arm_order` and compi
 once (`CompileOnce`): XLA:CPU runs this game's tiny programs on about one core each, so a second
 thread nearly doubles the arms' throughput on two cores. No arm's numbers depend on it.
 
+With data arms (`Settings.data`), the user dialogues are drawn and the simulators fitted to them
+(`testbed.fitting`) after tabulation; the fitted models are kept in `fitted.msgpack`.
+
 The run directory keeps what is done: the pretrained models (`pretrained.msgpack`) and every finished
 arm (`arms/NAME.msgpack`, written before its metrics are logged). A resumed run loads both, reruns only
 the arms that did not finish, and keeps each arm's records in `metrics.jsonl` exactly once (an arm
@@ -36,14 +39,16 @@ from scope_jax.envs import persona_lm as lm
 from scope_jax.envs import personas
 from scope_jax.models import decoder
 from scope_jax.testbed import arms as arms_lib
-from scope_jax.testbed import evaluate
-from scope_jax.testbed.arms import Arm
+from scope_jax.testbed import evaluate, user_data
+from scope_jax.testbed.arms import FITTED_STARTS, Arm
+from scope_jax.testbed.fitting import Fitter, fit_to_data
 from scope_jax.testbed.gradients import POLICY_TABLE, GradientPanel
 from scope_jax.testbed.pretrain import Pretrained, PretrainConfig, model_config, pretrain
 from scope_jax.testbed.rl import RLConfig, arm_inputs, make_runner
 from scope_jax.training.run_dir import METRICS, RunDir
 
 PRETRAINED = "pretrained.msgpack"
+FITTED = "fitted.msgpack"
 ARMS_DIR = "arms"
 
 
@@ -52,7 +57,7 @@ class Settings:
     """vs_samples: verbalizations drawn per (state, strategy) to estimate what Verbalized Sampling
     trains against (`persona_lm.verbalized_table`). pretrain_for: pretrain the models of other arms
     too (the sweep pretrains the default's, so that the default run can resume from its pretraining).
-    workers: threads the arms run on."""
+    workers: threads the arms run on. data: the user data of the data arms (None: no data arm)."""
 
     seeds: tuple[int, ...]
     arms: tuple[Arm, ...]
@@ -62,6 +67,7 @@ class Settings:
     vs_samples: int = 2
     pretrain_for: tuple[Arm, ...] = ()  # the arms whose models pretraining makes; () = `arms`
     workers: int = 1
+    data: user_data.DataConfig | None = None
 
 
 @dataclasses.dataclass
@@ -250,8 +256,44 @@ def pretraining_diagnostics(tables: Tables, population: np.ndarray,
     return out
 
 
-def start_tables(arm: Arm, tables: Tables) -> np.ndarray:
+class Fitted(NamedTuple):
+    """The simulators fitted to user data, per start in FITTED_STARTS and size N: params [R] and what
+    they answer with [R, N_STATES, S, U] (Verbalized Sampling: its estimate, as `Tables.verbalized`),
+    and each size's split of the dialogues."""
+
+    params: dict[str, dict[int, Any]]
+    tables: dict[str, dict[int, np.ndarray]]
+    splits: dict[int, user_data.Split]
+
+
+def fit(settings: Settings, pre: Pretrained, tab: Tabulator, graphdef, run_dir: RunDir,
+        progress: Callable[[str], None]) -> Fitted:
+    """Draw the user data, fit the collapsed simulators to it (or load the fits), read them out."""
+    config = settings.data
+    dialogues = user_data.draw(config)
+    cache = run_dir.path / FITTED
+    collapsed = jax.tree.map(lambda x: x[:, 0], pre.collapsed)
+    if cache.exists():
+        params = {start: {int(n): p for n, p in fits.items()} for start, fits in _restore(cache).items()}
+        progress("fitted simulators loaded from the run directory")
+    else:
+        params = fit_to_data(Fitter(graphdef, config.fit_learning_rate), collapsed, dialogues, config, progress)
+        if run_dir.primary:
+            _save(cache, {start: {str(n): p for n, p in fits.items()} for start, fits in params.items()})
+    R = len(settings.seeds)
+    keys = [jax.random.fold_in(jax.random.key(8191), s) for s in settings.seeds]  # as `tabulate`'s
+    progress("reading out the fitted simulators")
+    tables = {"fitted": {n: tab.sims(p, np.full(R, lm.NO_CARD)) for n, p in params["fitted"].items()},
+              "vs_fitted": {n: tab.verbalized(p, lm.NO_CARD, keys, settings.vs_samples)[0]
+                            for n, p in params["vs_fitted"].items()}}
+    splits = {n: user_data.split(dialogues, n, config.heldout_fraction) for n in config.sizes}
+    return Fitted(params, tables, splits)
+
+
+def start_tables(arm: Arm, tables: Tables, fitted: Fitted | None = None) -> np.ndarray:
     """[R, P, N_STATES, S, U]: the distributions an arm's simulators answer with before RL."""
+    if arm.start in FITTED_STARTS:
+        return fitted.tables[arm.start][arm.data][:, None]
     if arm.trains and arm.spec.verbalized:
         return tables.verbalized[:, None]
     return {"collapsed": lambda: tables.collapsed[:, :1], "base": lambda: tables.base[:, None],
@@ -260,11 +302,12 @@ def start_tables(arm: Arm, tables: Tables) -> np.ndarray:
 
 
 def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: Tabulator,
-            panel: GradientPanel, keys: jax.Array) -> ArmResult:
-    """Train one arm on every seed (one compiled call) and evaluate its snapshots exactly."""
+            panel: GradientPanel, keys: jax.Array, fitted: Fitted | None = None) -> ArmResult:
+    """Train one arm on every seed (one compiled call) and evaluate its snapshots exactly. Arms with
+    data also get `data_nll`: the NLL of the held-out dialogues under the training simulator."""
     start, R, rl = time.perf_counter(), len(settings.seeds), settings.rl
     population = personas.base_simulator()
-    initial = start_tables(arm, tables)
+    initial = start_tables(arm, tables, fitted)
     self_play = arm.start == "selfplay"
     agent0 = pre.selfplay if self_play else pre.agent
     policy0 = tables.selfplay_agent if self_play else tables.agent
@@ -273,13 +316,18 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
     if not arm.trains:  # evaluated against the simulator RL would train on
         policies, steps, sim_tables = policy0[:, None], np.zeros(1, int), initial[:, None]
     else:
-        sims, refs = arms_lib.simulators(arm, pre)
+        sims, refs = arms_lib.simulators(arm, pre, fitted and fitted.params)
         cards = arms_lib.cards(arm)
         kl = rl.sim_kl_coef if arm.sim_kl_coef is None else arm.sim_kl_coef
         lr = rl.sim_learning_rate if arm.sim_learning_rate is None else arm.sim_learning_rate
-        program = make_runner(tab.graphdef, tab.graphdef, rl, arm.members, kl, self_play)
+        program = make_runner(tab.graphdef, tab.graphdef, rl, arm.members, kl, self_play, arm.data_coef)
+        anchor = {}
+        if arm.data_coef:
+            train = fitted.splits[arm.data].train
+            anchor = dict(data=user_data.token_batch(train, settings.data.max_dialogues),
+                          rows=len(train.strategies))
         inputs = arm_inputs(cards, arms_lib.voices(arm, rl.steps, rl.rotation_block), arm.spec.verbalized,
-                            lr if arm.spec.trains_sims else 0.0, arms_lib.OBJECTIVES[arm.objective])
+                            lr if arm.spec.trains_sims else 0.0, arms_lib.OBJECTIVES[arm.objective], **anchor)
         _, logs, snaps = COMPILED(program.run, agent0, sims, refs, inputs, keys)
         logs = jax.tree.map(np.asarray, logs)
         policies = np.concatenate([policy0[:, None], tab.policies(snaps.agent, 2)], axis=1)
@@ -300,6 +348,10 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
               | panel(agent_params(r, e), sim_tables[r, e], population)
               for e in range(len(steps))] for r in range(R)]
     eval_curves = {k: np.array([[ev[k] for ev in row] for row in evals]) for k in evals[0][0]}
+    if arm.data:
+        heldout = fitted.splits[arm.data].heldout
+        eval_curves["data_nll"] = np.array([[user_data.table_nll(sim_tables[r, e, 0], heldout)
+                                             for e in range(len(steps))] for r in range(R)])
     return ArmResult(arm.label, step_curves, steps, eval_curves, time.perf_counter() - start)
 
 
@@ -307,7 +359,8 @@ def program_key(arm: Arm, rl: RLConfig) -> tuple | None:
     """What shapes an arm's compiled RL program (`make_runner`'s arguments besides the run's); None: no RL."""
     if not arm.trains:
         return None
-    return arm.members, rl.sim_kl_coef if arm.sim_kl_coef is None else arm.sim_kl_coef, arm.start == "selfplay"
+    kl = rl.sim_kl_coef if arm.sim_kl_coef is None else arm.sim_kl_coef
+    return arm.members, kl, arm.start == "selfplay", arm.data_coef
 
 
 def arm_order(arms: Sequence[Arm], rl: RLConfig) -> list[Arm]:
@@ -417,6 +470,11 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
     diag = pretraining_diagnostics(tables, personas.base_simulator(), settings.pretrain.heldout_priors)
     diag["sft_losses"] = {k: np.asarray(v).tolist() for k, v in pre.losses.items()}
     seconds["tabulate"] = time.perf_counter() - t0
+    fitted = None
+    if any(arm.data for arm in settings.arms):
+        t0 = time.perf_counter()
+        fitted = fit(settings, pre, Tabulator(graphdef, settings.workers), graphdef, run_dir, progress)
+        seconds["fit"] = time.perf_counter() - t0
 
     store = ArmStore(run_dir)
     finished = {name: result for name in names if (result := store.load(name)) is not None}
@@ -446,7 +504,7 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
             try:
                 with log_lock:  # print writes the line and its newline separately
                     progress(f"arm {arm.name}")
-                done[arm.name] = run_arm(arm, settings, pre, tables, tab, panel, keys)
+                done[arm.name] = run_arm(arm, settings, pre, tables, tab, panel, keys, fitted)
             except BaseException:
                 failed.set()  # the other threads stop after their current arm
                 raise
