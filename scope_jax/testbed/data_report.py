@@ -116,6 +116,12 @@ def sentences(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def readme_lines(data: dict[str, Any]) -> list[str]:
+    """The README's data curve: the curve's sentences (from data.json alone)."""
+    return [f"The data curve (`:data`, docs/results/data.md, data anchor's weight: {data['rule']}):", "",
+            *[f"- {x}" for x in sentences(data)]]
+
+
 def markdown(data: dict[str, Any]) -> list[str]:
     return ["## The data curve", "", "![data curve](figures/data_curve.png)", "",
             f"Data anchor weight rule, stated before the run: {data['rule']}.", "",

@@ -457,7 +457,7 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
         progress("pretraining agent and simulators")
         needs = list(settings.pretrain_for or settings.arms)
         pre = pretrain(settings.pretrain, settings.seeds, arms_lib.collapse_personas(needs),
-                       settings.heldout_seeds, selfplay=any(a.start == "selfplay" for a in needs))
+                       settings.heldout_seeds, selfplay=any(a.start == "selfplay" for a in needs), say=progress)
         if run_dir.primary:
             _save(cache, pre._asdict())
     seconds = {"pretrain": time.perf_counter() - start}
@@ -466,6 +466,7 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
     tab, panel = Tabulator(graphdef), GradientPanel(graphdef)
     t0 = time.perf_counter()
     # Tabulation reads models out on the threads; the arms, already on threads, with `tab`, one at a time.
+    progress("reading out every pretrained model at the 2,551 decision states")
     tables = tabulate(Tabulator(graphdef, settings.workers), pre, settings.vs_samples, settings.seeds)
     diag = pretraining_diagnostics(tables, personas.base_simulator(), settings.pretrain.heldout_priors)
     diag["sft_losses"] = {k: np.asarray(v).tolist() for k, v in pre.losses.items()}
@@ -492,7 +493,9 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
             log(name, result)
     keys = jax.random.split(jax.random.key(sum(settings.seeds) + 7919), len(settings.seeds))  # shared by arms
     failed = threading.Event()
+    ran: list[float] = []
     queue = collections.deque(arm_order([arm for arm in settings.arms if arm.name not in finished], settings.rl))
+    todo = len(queue)
 
     def worker() -> dict[str, ArmResult]:
         done = {}
@@ -510,6 +513,11 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
                 raise
             store.save(arm.name, done[arm.name])
             log(arm.name, done[arm.name])
+            with log_lock:
+                ran.append(done[arm.name].seconds)
+                left = np.mean(ran) * (todo - len(ran)) / settings.workers
+                progress(f"arm {arm.name}: done in {ran[-1]:.0f}s; {len(ran)} of {todo} arms run, "
+                         f"about {left:.0f}s left")
         return done
 
     with ThreadPoolExecutor(settings.workers) as pool:

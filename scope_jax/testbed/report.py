@@ -520,6 +520,28 @@ def readme_block(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def sweep_null_sentence(sweep: dict[str, Any]) -> str | None:
+    """The sweep's verdict on the simulator objectives that do not see the users, per objective: every
+    point against the frozen collapsed simulator, paired by seed (from sweep.json alone)."""
+    deltas = sweep["deltas"].get("frozen", {})
+    by_objective: dict[str, list[dict[str, Any]]] = {}
+    for name, point in sweep["sweep"].items():
+        by_objective.setdefault(point["objective"], []).append(deltas[name]["heldout_value"])
+    if not by_objective:
+        return None
+    parts = []
+    for objective, points in by_objective.items():
+        means = [d["mean"] for d in points]
+        verdicts = [direction(d) for d in points]
+        parts.append(f"{objective}: {len(points)} settings, held-out value {min(means):+.3f} to "
+                     f"{max(means):+.3f} against the frozen collapsed simulator (paired by seed), above it at "
+                     f"95% at {verdicts.count('higher')}, below at {verdicts.count('lower')}")
+    base = sweep["arms"]["frozen_base"]["heldout_value"]["mean"] - sweep["arms"]["frozen"]["heldout_value"]["mean"]
+    return (f"Simulator objectives that do not see the users, neural evidence (`:sweep`, Co-Training like "
+            f"for like over KL weight x simulator learning rate, {len(sweep['seeds'])} seeds): "
+            f"{'; '.join(parts)}; the frozen base simulator is {base:+.3f} above the frozen collapsed one.")
+
+
 README_BEGIN = "<!-- testbed results: python -m experiments.readme writes them from docs/results/ -->"
 README_END = "<!-- end of testbed results -->"
 
