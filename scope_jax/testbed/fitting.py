@@ -5,9 +5,9 @@ same rows), trained by Adam without gradient clipping (a clip of the global norm
 seeds), so each seed's fit is its own.
 
 * `fit_replies`: the collapsed simulator fine-tuned on the dialogues' replies (loss on the simulator's
-  reply tokens only, log-probs over the reply acts as it samples), full batch, early-stopped: every
-  `check_every` steps the NLL on the held-out dialogues is measured and each seed keeps its best
-  parameters.
+  reply tokens only, log-probs over the reply acts as it samples), a batch of rows drawn with
+  replacement per step, early-stopped: every `check_every` steps the NLL on the held-out dialogues is
+  measured and each seed keeps its best parameters.
 * `teach_verbalization`: the collapsed simulator taught to state a reply table (Verbalized Sampling's
   instruction following, as in pretraining), on histories of uniformly random strategies and replies,
   so no state's prompt depends on the population.
@@ -59,15 +59,18 @@ class Fitter:
         self.nll = jax.jit(jax.vmap(member_nll))  # (params [R], batch [R, N, L]) -> [R]
 
     def fit_replies(self, params: Params, train: TokenBatch, heldout: TokenBatch, steps: int, check_every: int,
-                    say: Callable[[str], None] = print, label: str = "fit") -> tuple[Params, np.ndarray]:
-        """(best params [R], their held-out NLL [R]) over `steps` full-batch steps on `train` [N, L]."""
+                    batch: int, seed: int, say: Callable[[str], None] = print,
+                    label: str = "fit") -> tuple[Params, np.ndarray]:
+        """(best params [R], their held-out NLL [R]) over `steps` steps on `batch` rows of `train` [N, L]
+        drawn with replacement (numpy, from `seed`)."""
         R = jax.tree.leaves(params)[0].shape[0]
-        train, heldout = _members(train, R), _members(heldout, R)
+        heldout = _members(heldout, R)
+        rows = np.random.default_rng(seed).integers(0, len(train.tokens), (steps, batch))
         state = joint.create({"sims": params}, self.optimizer, seed=0)
         best, best_nll = params, self.nll(params, heldout)
         ticker = Ticker(label, steps, say)
         for i in range(1, steps + 1):
-            state, _ = self.steps[REPLIES](state, train)
+            state, _ = self.steps[REPLIES](state, _members(jax.tree.map(lambda x: x[rows[i - 1]], train), R))
             if i % check_every == 0 or i == steps:
                 nll = self.nll(state.params["sims"], heldout)
                 better = nll < best_nll
@@ -103,12 +106,12 @@ def fit_to_data(fitter: Fitter, collapsed: Params, data: Dialogues, config: user
     """For every N of `config.sizes`: {"fitted": {N: params [R]}, "vs_fitted": {N: params [R]}} from the
     collapsed simulators [R]."""
     out: dict[str, dict[int, Params]] = {"fitted": {}, "vs_fitted": {}}
-    rows = len(user_data.split(data, config.max_dialogues, config.heldout_fraction).train.strategies)
     for n in config.sizes:
         part = user_data.split(data, n, config.heldout_fraction)
         out["fitted"][n], _ = fitter.fit_replies(
-            collapsed, user_data.token_batch(part.train, rows), user_data.token_batch(part.heldout),
-            config.fit_steps, config.check_every, say, f"fitting the collapsed simulator to {n} dialogues")
+            collapsed, user_data.token_batch(part.train), user_data.token_batch(part.heldout), config.fit_steps,
+            config.check_every, config.fit_batch, config.seed + n, say,
+            f"fitting the collapsed simulator to {n} dialogues")
         estimate = user_data.reply_estimate(part.train, config.smoothing)
         out["vs_fitted"][n] = fitter.teach_verbalization(
             collapsed, estimate, config.vs_steps, config.vs_batch, config.seed + n, say,

@@ -27,8 +27,8 @@ from scope_jax.training.batch import TokenBatch
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """sizes: the numbers of dialogues N the arms see; seed: the data seed (apart from the run seeds).
-    fit_steps / fit_learning_rate: full-batch Adam steps of the fits (early-stopped on the held-out
-    tenth every `check_every` steps). smoothing: the prior weight (in dialogues) of the pooled
+    fit_steps x fit_batch / fit_learning_rate: Adam steps of the fits on rows drawn with replacement
+    (early-stopped on the held-out tenth every `check_every` steps). smoothing: the prior weight (in dialogues) of the pooled
     frequencies in `reply_estimate`. vs_steps x vs_batch: the Verbalized Sampling teaching examples.
     data_coefs: the data anchor's weights the co-trained arms run at (the rule picks one per N);
     nll_tolerance: the rule's x (docs/results/README.md)."""
@@ -37,6 +37,7 @@ class DataConfig:
     seed: int = 20261203
     heldout_fraction: float = 0.1
     fit_steps: int = 200
+    fit_batch: int = 64
     check_every: int = 10
     fit_learning_rate: float = 3e-3
     smoothing: float = 2.0

@@ -65,9 +65,9 @@ def test_reply_estimate_is_the_smoothed_frequencies(data):
 
 def test_the_fitted_simulator_moves_towards_the_data(graphdef, collapsed, fitter, data):
     part = user_data.split(data, 200, 0.1)
-    fitted, best_nll = fitter.fit_replies(collapsed, user_data.token_batch(part.train, 200),
+    fitted, best_nll = fitter.fit_replies(collapsed, user_data.token_batch(part.train),
                                           user_data.token_batch(part.heldout), DATA.fit_steps, DATA.check_every,
-                                          lambda message: None)
+                                          DATA.fit_batch, 0, lambda message: None)
     before, after = reply_table(graphdef, collapsed), reply_table(graphdef, fitted)
     # The NLL read from the exact reply tables (independent of the SFT loss path) drops on both parts,
     # and the fit's own held-out NLL is that of its table.
