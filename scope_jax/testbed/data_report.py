@@ -61,7 +61,8 @@ def figure(data: dict[str, Any], labels: dict[str, str]):
     for (name, style), color in zip((("frozen", "--"), ("frozen_base", "-.")), ("tab:red", "k")):
         if name in data["controls"]:
             mean, hw = _pair(data["controls"][name])
-            ax.axhline(mean, color=color, ls=style, lw=1.2, label=f"{labels[name]} (N = {'0' if name == 'frozen' else '∞'})")
+            end = "0" if name == "frozen" else "∞"
+            ax.axhline(mean, color=color, ls=style, lw=1.2, label=f"{labels[name]} (N = {end})")
             ax.axhspan(mean - hw, mean + hw, color=color, alpha=0.08, lw=0)
     for i, (kind, label) in enumerate(KINDS.items()):
         stats = [data["by_n"][str(n)]["heldout_value"][kind] for n in data["sizes"]]
@@ -69,10 +70,11 @@ def figure(data: dict[str, Any], labels: dict[str, str]):
         x = sizes * (1.0 + 0.04 * (i - 1))  # side by side on the log axis
         ax.errorbar(x, means, yerr=hws, color=COLORS[kind], marker="o", capsize=3, lw=1.4, label=label)
     ax.set_xscale("log")
+    ax.minorticks_off()
     ax.set_xticks(sizes, [f"{n:d}" for n in data["sizes"]])
     ax.set_xlabel("user dialogues N (the untrained agent with the population)")
     ax.set_ylabel("held-out value (population, exact)")
-    ax.set_title(f"Held-out value against user data: mean and 95% CI over seeds", fontsize=10)
+    ax.set_title("Held-out value against user data: mean and 95% CI over seeds", fontsize=10)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig

@@ -11,7 +11,7 @@ from scope_jax.envs import personas
 from scope_jax.models import forward
 from scope_jax.testbed import rl, user_data
 from scope_jax.testbed.fitting import Fitter
-from scope_jax.testbed.pretrain import agent_view
+from scope_jax.testbed.pretrain import Dialogues, agent_view
 from tests.testbed.conftest import RL
 
 DATA = user_data.DataConfig(sizes=(40, 200), fit_steps=40, check_every=10, vs_steps=40)
@@ -108,8 +108,8 @@ def test_the_data_anchor_gradient_reaches_the_simulator(graphdef, pretrained, co
                            user_data.token_batch(part.train, 50), len(part.train.strategies))
     anchor = program.anchor(inputs.data, jax.random.key(3))
     assert anchor.tokens.shape == (1, RL.episodes, lm.SEQ_LEN)
-    d = part.train
-    n = len(d.strategies)
+    n = RL.episodes  # the agent's batch: one GRPO group layout
+    d = Dialogues(*(x[:n] for x in part.train))
     tokens = agent_view(d)
     agent_mask = np.zeros(tokens.shape, np.float32)
     agent_mask[:, 1:-1:2] = 1.0
