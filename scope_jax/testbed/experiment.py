@@ -44,6 +44,7 @@ from scope_jax.testbed.arms import FITTED_STARTS, Arm
 from scope_jax.testbed.fitting import Fitter, fit_to_data
 from scope_jax.testbed.gradients import POLICY_TABLE, GradientPanel
 from scope_jax.testbed.pretrain import Pretrained, PretrainConfig, model_config, pretrain
+from scope_jax.testbed.progress import Ticker
 from scope_jax.testbed.rl import RLConfig, arm_inputs, make_runner
 from scope_jax.training.run_dir import METRICS, RunDir
 
@@ -115,23 +116,34 @@ class Tabulator:
     compiled program per read-out, whatever the number of models). With workers > 1 the models after
     the first (which compiles) are read out on that many threads."""
 
-    def __init__(self, graphdef, workers: int = 1):
+    def __init__(self, graphdef, workers: int = 1, say: Callable[[str], None] | None = None):
         self.graphdef = graphdef
         self.workers = workers
+        self.say = say  # progress lines of each read-out (None: quiet)
 
-    def _map(self, fn: Callable, items: Sequence) -> list:
+    def _map(self, fn: Callable, items: Sequence, what: str) -> list:
+        ticker = Ticker(f"reading out {len(items)} {what}", len(items), self.say) if self.say else None
+        out = []
+
+        def tick(item):
+            result = fn(item)
+            out.append(None)
+            if ticker:
+                ticker(len(out))
+            return result
+
         if self.workers == 1 or len(items) < 2:
-            return [fn(item) for item in items]
-        first = fn(items[0])
+            return [tick(item) for item in items]
+        first = tick(items[0])
         with ThreadPoolExecutor(self.workers) as pool:
-            return [first, *pool.map(fn, items[1:])]
+            return [first, *pool.map(tick, items[1:])]
 
     def policies(self, params, lead_ndim: int = 1) -> np.ndarray:
         """[*lead, N_STATES, N_AGENT] float64 for params with `lead_ndim` leading axes."""
         lead = jax.tree.leaves(params)[0].shape[:lead_ndim]
         flat = _flatten(params, lead_ndim)
         out = self._map(lambda i: lm.as_table(POLICY_TABLE(self.graphdef, _index(flat, i))),
-                        range(int(np.prod(lead))))
+                        range(int(np.prod(lead))), "agent policies")
         return np.stack(out).reshape(*lead, *out[0].shape)
 
     def sims(self, params, cards: np.ndarray) -> np.ndarray:
@@ -139,14 +151,14 @@ class Tabulator:
         cards = np.asarray(cards)
         flat = _flatten(params, cards.ndim)
         out = self._map(lambda ic: lm.as_table(_REPLIES(self.graphdef, _index(flat, ic[0]), int(ic[1]))),
-                        list(enumerate(cards.reshape(-1))))
+                        list(enumerate(cards.reshape(-1))), "simulators' replies")
         return np.stack(out).reshape(*cards.shape, *out[0].shape)
 
     def verbalized(self, params, card: int, keys: Sequence[jax.Array],
                    samples: int) -> tuple[np.ndarray, np.ndarray]:
         """(what VS trains against [R, N_STATES, S, U], malformed fraction [R, N_STATES, S]) of params [R]."""
         out = self._map(lambda ik: _VERBAL(self.graphdef, _index(params, ik[0]), card, ik[1], samples),
-                        list(enumerate(keys)))
+                        list(enumerate(keys)), "Verbalized Sampling simulators (sampled verbalizations)")
         return np.stack([lm.as_table(q) for q, _ in out]), np.stack([np.asarray(m) for _, m in out])
 
 
@@ -467,14 +479,14 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
     t0 = time.perf_counter()
     # Tabulation reads models out on the threads; the arms, already on threads, with `tab`, one at a time.
     progress("reading out every pretrained model at the 2,551 decision states")
-    tables = tabulate(Tabulator(graphdef, settings.workers), pre, settings.vs_samples, settings.seeds)
+    tables = tabulate(Tabulator(graphdef, settings.workers, progress), pre, settings.vs_samples, settings.seeds)
     diag = pretraining_diagnostics(tables, personas.base_simulator(), settings.pretrain.heldout_priors)
     diag["sft_losses"] = {k: np.asarray(v).tolist() for k, v in pre.losses.items()}
     seconds["tabulate"] = time.perf_counter() - t0
     fitted = None
     if any(arm.data for arm in settings.arms):
         t0 = time.perf_counter()
-        fitted = fit(settings, pre, Tabulator(graphdef, settings.workers), graphdef, run_dir, progress)
+        fitted = fit(settings, pre, Tabulator(graphdef, settings.workers, progress), graphdef, run_dir, progress)
         seconds["fit"] = time.perf_counter() - t0
 
     store = ArmStore(run_dir)
