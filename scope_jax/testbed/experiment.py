@@ -286,7 +286,8 @@ def fit(settings: Settings, pre: Pretrained, tab: Tabulator, graphdef, run_dir: 
     cache = run_dir.path / FITTED
     collapsed = jax.tree.map(lambda x: x[:, 0], pre.collapsed)
     if cache.exists():
-        params = {start: {int(n): p for n, p in fits.items()} for start, fits in _restore(cache).items()}
+        params = {start: {int(n): p for n, p in fits.items() if int(n) in config.sizes}
+                  for start, fits in _restore(cache).items()}
         progress("fitted simulators loaded from the run directory")
     else:
         params = fit_to_data(Fitter(graphdef, config.fit_learning_rate), collapsed, dialogues, config, progress)
