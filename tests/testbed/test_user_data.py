@@ -140,3 +140,16 @@ def test_the_data_anchor_gradient_reaches_the_simulator(graphdef, pretrained, co
         big = np.abs(g) > 1e-5
         np.testing.assert_allclose((old - moved)[0][big], np.sign(g)[big], atol=0.02)
     np.testing.assert_allclose(metrics["sims/nll"][0], reference_nll(member), rtol=1e-5)
+
+
+def test_data_arms_are_checked_when_made():
+    from scope_jax.testbed.arms import Arm, data_arms
+
+    assert [arm.name for arm in data_arms(30, (1.0, 4.0))] == [
+        "fitted_n30", "vs_fitted_n30", "cotrain_data1_n30", "cotrain_data4_n30"]
+    for bad in (dict(mode="frozen", start="fitted"),  # a fitted start without data
+                dict(mode="frozen", data=30, data_coef=1.0),  # a data anchor on a frozen simulator
+                dict(mode="cotrain", data=30),  # data with neither a fit nor an anchor
+                dict(mode="verbalized", start="fitted", data=30)):  # VS of the reply-fitted model
+        with pytest.raises(ValueError):
+            Arm("bad", "bad", **bad)
