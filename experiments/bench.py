@@ -813,24 +813,37 @@ COLLAPSE_TABLE = (  # (label, key, format) of each column of the collapse table
 
 @benchmark
 def bench_collapse(args: argparse.Namespace) -> float:
-    """The collapse testbed end to end (`experiments.run`, fresh run directories), default and quick
-    configs, against their budgets of wall time on the 2-core CPU (600 s and 120 s). Reports wall time,
+    """The collapse testbed end to end (`experiments.run`, fresh run directories), default, quick and data
+    configs, against their budgets of wall time on the 2-core CPU (600 s, 120 s and 1,200 s). The data
+    config reuses the default's pretraining and controls, as it is meant to: when the default ran first
+    in this call, its `pretrained.msgpack` and control arms are copied into the data run's directory
+    before it starts (without the default, the data run pretrains for itself). Reports wall time,
     the run's process CPU time (user + system, its threads summed: the testbed runs its arms on two
     threads, so CPU time exceeds wall time) and the 1-minute load average before and after, which says
     whether the machine was quiet: under other jobs the wall time measures them too. Headline: default
     wall seconds / 600. --collapse-configs runs a subset (the headline is NaN without the default);
-    --collapse-keep DIR keeps the run directories there (DIR/default, DIR/quick)."""
+    --collapse-keep DIR keeps the run directories there (DIR/default, DIR/quick, DIR/data)."""
     import resource
     import subprocess
     import sys
 
-    budgets = {"default": 600.0, "quick": 120.0}
+    import shutil
+
+    from scope_jax.testbed import experiment
+
+    budgets = {"default": 600.0, "quick": 120.0, "data": 1200.0}
     measured = {}
     child_cpu = lambda: (lambda r: r.ru_utime + r.ru_stime)(resource.getrusage(resource.RUSAGE_CHILDREN))
     with contextlib.ExitStack() as stack:
         folder = args.collapse_keep or stack.enter_context(tempfile.TemporaryDirectory())
         for name in args.collapse_configs:
             spec = "experiments/configs/collapse.py" + ("" if name == "default" else f":{name}")
+            if name == "data" and "default" in measured:
+                for part in (experiment.PRETRAINED, *(f"{experiment.ARMS_DIR}/{arm}.msgpack"
+                                                      for arm in ("untrained", "frozen", "frozen_base"))):
+                    target = os.path.join(folder, name, part)
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    shutil.copy(os.path.join(folder, "default", part), target)
             load, cpu, start = os.getloadavg()[0], child_cpu(), time.perf_counter()
             subprocess.run([sys.executable, "-m", "experiments.run", f"--config={spec}",
                             f"--workdir={os.path.join(folder, name)}"], check=True, capture_output=True)
@@ -999,8 +1012,8 @@ def main() -> None:
                         help="rollout: turns the re-prefilling columns play (default: the shape's, fewer "
                         "where QUICK_TURNS says so; the incremental columns play all)")
     parser.add_argument("--full", action="store_true", help="rollout: every shape's full number of turns")
-    parser.add_argument("--collapse-configs", nargs="+", default=["default", "quick"],
-                        choices=["default", "quick"], help="collapse: the configs to run")
+    parser.add_argument("--collapse-configs", nargs="+", default=["default", "quick", "data"],
+                        choices=["default", "quick", "data"], help="collapse: the configs to run")
     parser.add_argument("--collapse-keep", default=None,
                         help="collapse: keep the run directories in this folder (default: a temporary one)")
     parser.add_argument("--mode", default="frozen",

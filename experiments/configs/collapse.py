@@ -10,6 +10,11 @@ sweep    Co-Training like for like over the simulators' KL weight (0 included) a
          the controls; the default's setting is chosen from it by the rule in
          docs/results/README.md. It pretrains the default's models too, so that the default run can
          resume from its pretraining and controls (docs/results/README.md says how).
+data     the data curve: at N = 30, 100, 300, 1000 user dialogues, the fitted simulator (the control),
+         Verbalized Sampling fitted and Co-Training with a data anchor (weights 1, 4, 16; the rule in
+         docs/results/README.md picks one per N), with the default's controls; like the sweep it
+         pretrains the default's models, so it can resume from the default's (or the sweep's)
+         pretraining and controls. Its budget is 20 minutes on the 2-core CPU.
 quick    the end-to-end test's run (at most 2 minutes, mostly compilation): 1-layer models, small
          pretraining, 10 RL steps, 2 seeds, one held-out simulator, the arms of one compiled program
          (P = 1). It checks the plumbing, not the science.
@@ -41,6 +46,10 @@ def get_config(arg: str | None = None):
         config.pretrain_for = collapse.DEFAULT_ARMS
         config.sweep.kl_coefs = (0.0, 1.0, 2.0, 4.0, 8.0)
         config.sweep.sim_learning_rates = (1e-4, 5e-4, 2e-3)
+    elif arg == "data":
+        config.arms = ("untrained", "frozen", "frozen_base")
+        config.pretrain_for = collapse.DEFAULT_ARMS
+        config.data.sizes = (30, 100, 300, 1000)
     elif arg:
-        raise ValueError(f"unknown collapse config argument {arg!r} (known: quick, all, sweep)")
+        raise ValueError(f"unknown collapse config argument {arg!r} (known: quick, all, sweep, data)")
     return config

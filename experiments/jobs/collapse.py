@@ -14,9 +14,10 @@ import dataclasses
 import ml_collections
 
 from scope_jax.config import ConfigError
-from scope_jax.testbed import arms, experiment, report
+from scope_jax.testbed import arms, data_report, experiment, report
 from scope_jax.testbed.pretrain import PretrainConfig
 from scope_jax.testbed.rl import RLConfig
+from scope_jax.testbed.user_data import DataConfig
 from scope_jax.training.run_dir import RunDir
 
 DEFAULT_ARMS = ("untrained", "frozen", "frozen_base", "verbalized", "cotrain", "cotrain_base",
@@ -35,6 +36,9 @@ def default_config() -> ml_collections.ConfigDict:
     # Co-Training like for like at every (KL weight, simulator learning rate, objective) of the grid.
     c.sweep = ml_collections.ConfigDict({"kl_coefs": (), "sim_learning_rates": (),
                                          "objectives": ("adversarial",)})
+    # User data: at every size N, the fitted, Verbalized Sampling fitted and data-anchored Co-Training arms
+    # (one per weight in data_coefs); no sizes, no data arms.
+    c.data = ml_collections.ConfigDict(dataclasses.asdict(DataConfig()) | {"sizes": ()})
     c.pretrain = ml_collections.ConfigDict(dataclasses.asdict(PretrainConfig()))
     c.rl = ml_collections.ConfigDict(dataclasses.asdict(RLConfig()))
     return c
@@ -44,7 +48,15 @@ def arm_list(config: ml_collections.ConfigDict) -> tuple[arms.Arm, ...]:
     sweep = config.sweep
     return tuple(arms.ARMS[a] for a in config.arms) + tuple(
         arms.sweep_arm(kl, lr, objective) for objective in sweep.objectives for kl in sweep.kl_coefs
-        for lr in sweep.sim_learning_rates)
+        for lr in sweep.sim_learning_rates) + tuple(
+        arm for n in config.data.sizes for arm in arms.data_arms(n, tuple(config.data.data_coefs)))
+
+
+def data_config(config: ml_collections.ConfigDict) -> DataConfig | None:
+    d = config.data.to_dict()
+    if not d["sizes"]:
+        return None
+    return DataConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 def settings(config: ml_collections.ConfigDict) -> experiment.Settings:
@@ -53,7 +65,7 @@ def settings(config: ml_collections.ConfigDict) -> experiment.Settings:
     return experiment.Settings(seeds=tuple(config.seeds), arms=arm_list(config),
                                pretrain=PretrainConfig(**pre), rl=RLConfig(**config.rl.to_dict()),
                                heldout_seeds=tuple(config.heldout_seeds), vs_samples=config.vs_samples,
-                               workers=config.workers,
+                               workers=config.workers, data=data_config(config),
                                pretrain_for=tuple(arms.ARMS[a] for a in config.pretrain_for))
 
 
@@ -68,6 +80,10 @@ def check(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config key 'sweep.objectives' holds {bad}; known: {', '.join(arms.OBJECTIVES)}")
     if any(x < 0 for x in tuple(config.sweep.kl_coefs) + tuple(config.sweep.sim_learning_rates)):
         raise ConfigError("config keys 'sweep.kl_coefs' and 'sweep.sim_learning_rates' must be >= 0")
+    if any(n < 10 for n in config.data.sizes) or any(c <= 0 for c in config.data.data_coefs):
+        raise ConfigError("config keys 'data.sizes' must be >= 10 dialogues and 'data.data_coefs' > 0")
+    if config.data.sizes and not config.data.data_coefs:
+        raise ConfigError("config key 'data.data_coefs' needs at least one weight when 'data.sizes' is set")
     if config.rl.steps % config.rl.eval_every:
         raise ConfigError("config key 'rl.steps' must be a multiple of 'rl.eval_every'")
     if config.rl.rotation_block < 1:
@@ -88,4 +104,4 @@ def check(config: ml_collections.ConfigDict) -> None:
 
 def run(config: ml_collections.ConfigDict, run_dir: RunDir) -> None:
     results = experiment.run(settings(config), run_dir)
-    report.write(results, run_dir)
+    report.write(results, run_dir, [data_report.SECTION])

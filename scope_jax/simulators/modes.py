@@ -33,7 +33,11 @@ The modes:
 
 A trained simulator's reward is its objective (`OBJECTIVES`, key sim.objective): "adversarial" (the
 default: minus the agent's reward, kept near its start by the KL anchor) or "cooperative" (the
-environment's simulator reward, e.g. target word's shared reward, P4G's donation).
+environment's simulator reward, e.g. target word's shared reward, P4G's donation). "regret" (the
+best response's value minus the agent's) needs the best response to the simulator, which only the
+collapse testbed computes (exactly, on its tabulated simulator); here it is refused (`objective`). The
+data anchor composes with any objective: `sim.data_coef` x the NLL of user dialogues in the
+simulator's loss (`LossConfig.data_coef`), which needs user data (`sim.data`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,20 @@ OBJECTIVES: dict[str, Callable[[dict[str, float]], float]] = {
     "adversarial": lambda rewards: -rewards["agent"],
     "cooperative": lambda rewards: rewards["sim"],
 }
+# Objectives defined elsewhere that the dialogue loop cannot compute, and why.
+UNAVAILABLE_OBJECTIVES = {
+    "regret": "needs the best response to the simulator (its value minus the agent's), which the dialogue "
+              "loop does not have; the collapse testbed computes it exactly (scope_jax/testbed)",
+}
+
+
+def objective(name: str) -> Callable[[dict[str, float]], float]:
+    """The reward of a trained simulator under objective `name` (ConfigError, one line, otherwise)."""
+    if name in UNAVAILABLE_OBJECTIVES:
+        raise ConfigError(f"config key 'sim.objective' is {name!r}: it {UNAVAILABLE_OBJECTIVES[name]}")
+    if name not in OBJECTIVES:
+        raise ConfigError(f"config key 'sim.objective' is {name!r}; one of {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[name]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,9 +285,15 @@ def make_mode(config) -> SimulatorMode:
         if key not in mode.reads and not _unset(value, unset):
             raise ConfigError(f"config key 'sim.{key}' is {value!r}, but mode {name} does not read it; "
                               f"set it to {unset!r}")
-    if config.sim.objective not in OBJECTIVES:
-        raise ConfigError(f"config key 'sim.objective' is {config.sim.objective!r}; one of "
-                          f"{', '.join(OBJECTIVES)}")
+    objective(config.sim.objective)
+    if config.sim.data_coef < 0:
+        raise ConfigError(f"config key 'sim.data_coef' is {config.sim.data_coef}; it must be >= 0")
+    if config.sim.data_coef and not mode.sim_trains:
+        raise ConfigError(f"config key 'sim.data_coef' is {config.sim.data_coef}, but no simulator trains in "
+                          f"mode {name}")
+    if config.sim.data_coef and not config.sim.data:
+        raise ConfigError(f"config key 'sim.data_coef' is {config.sim.data_coef}, but no user data is "
+                          "configured for the data anchor (config key 'sim.data' is empty)")
     return mode
 
 

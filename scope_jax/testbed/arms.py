@@ -14,7 +14,10 @@ loop:
   selfplay    one transformer plays both roles (its user role behind the prompt card slot, which the
               agent's view never holds) and receives both roles' gradients.
 
-An *arm* is a mode plus where its simulators start and what they are anchored to. Every arm starts from
+An *arm* is a mode plus where its simulators start and what they are anchored to, and, for the data
+arms, how many user dialogues (`testbed.user_data`) their simulators see: fitted to them before RL
+(start "fitted", or "vs_fitted" for Verbalized Sampling taught their reply frequencies), or as a data
+anchor of Co-Training (`data_coef` x the NLL of their replies in the simulator's loss). Every arm starts from
 the same pretrained agent (self-play: the joint model's agent role) and runs the same RL
 (`rl.make_runner`); apart from the population size P and self-play, they differ in data only.
 """
@@ -47,7 +50,8 @@ MODES: dict[str, Mode] = {
 }
 # Where the simulators start: their pretrained models, and how many members that makes.
 STARTS = {"collapsed": 1, "base": 1, "collapsed_modes": len(personas.PERSONAS),
-          "persona_modes": len(personas.PERSONAS), "selfplay": 1}
+          "persona_modes": len(personas.PERSONAS), "selfplay": 1, "fitted": 1, "vs_fitted": 1}
+FITTED_STARTS = ("fitted", "vs_fitted")  # made from the collapsed simulator and `Arm.data` dialogues
 OBJECTIVES = {"adversarial": -1.0, "cooperative": 1.0}  # sign of the agent's reward in the simulators' own
 
 
@@ -57,7 +61,10 @@ class Arm:
     (the four collapsed simulators, one per collapse direction), "persona_modes" (the base simulator
     shown each persona's card) or "selfplay" (the joint model). anchor: the KL reference of trained
     simulators, "start" (each its own start) or "base". sim_kl_coef / sim_learning_rate: None takes
-    the run's `RLConfig` values (the sweep sets them per arm)."""
+    the run's `RLConfig` values (the sweep sets them per arm). start "fitted" (the collapsed simulator
+    fine-tuned on `data` user dialogues) or "vs_fitted" (the collapsed simulator taught to state their
+    reply frequencies). data / data_coef: the user dialogues the simulators see, and the weight of
+    their NLL in a co-trained simulator's loss (the data anchor)."""
 
     name: str
     label: str
@@ -67,6 +74,8 @@ class Arm:
     objective: str = "adversarial"
     sim_kl_coef: float | None = None
     sim_learning_rate: float | None = None
+    data: int = 0
+    data_coef: float = 0.0
 
     def __post_init__(self):
         if self.mode is not None and self.mode not in MODES:
@@ -78,8 +87,14 @@ class Arm:
         grouped = self.mode in ("population", "rotation", "mixture")
         if self.mode is not None and grouped != (self.members > 1):
             raise ValueError(f"arm {self.name}: mode {self.mode} with {self.members} simulator(s)")
-        if self.mode == "verbalized" and self.start != "collapsed":
+        if self.mode == "verbalized" and self.start not in ("collapsed", "vs_fitted"):
             raise ValueError(f"arm {self.name}: Verbalized Sampling is the collapsed simulator's")
+        if (self.start == "vs_fitted") != (self.mode == "verbalized" and self.data > 0):
+            raise ValueError(f"arm {self.name}: the fitted Verbalized Sampling arm and only it starts vs_fitted")
+        if (self.start in FITTED_STARTS or self.data_coef > 0) != (self.data > 0):
+            raise ValueError(f"arm {self.name}: data dialogues go with a fitted start or a data anchor")
+        if self.data_coef > 0 and self.mode != "cotrain":
+            raise ValueError(f"arm {self.name}: the data anchor is Co-Training's")
         if (self.mode == "selfplay") != (self.start == "selfplay"):
             raise ValueError(f"arm {self.name}: self-play and only self-play starts from the joint model")
 
@@ -122,6 +137,16 @@ def sweep_arm(kl_coef: float, learning_rate: float, objective: str = "adversaria
                sim_kl_coef=float(kl_coef), sim_learning_rate=float(learning_rate))
 
 
+def data_arms(n: int, data_coefs: tuple[float, ...]) -> tuple[Arm, ...]:
+    """The arms that see n user dialogues: fitted (the control), Verbalized Sampling fitted, and
+    Co-Training like for like with a data anchor at each weight."""
+    return (Arm(f"fitted_n{n}", f"fitted simulator, N={n}", "frozen", start="fitted", data=n),
+            Arm(f"vs_fitted_n{n}", f"Verbalized Sampling, fitted, N={n}", "verbalized", start="vs_fitted",
+                data=n),
+            *(Arm(f"cotrain_data{c:g}_n{n}", f"Co-Training with a data anchor {c:g}, N={n}", "cotrain",
+                  data=n, data_coef=float(c)) for c in data_coefs))
+
+
 def collapse_personas(arms: list[Arm]) -> tuple[int, ...]:
     """The personas the alignment-like step collapses onto: the emotional one (the collapsed simulator),
     and all four when an arm starts from the collapsed modes."""
@@ -146,8 +171,9 @@ def voices(arm: Arm, steps: int, rotation_block: int) -> np.ndarray:
     return np.broadcast_to(np.arange(arm.members, dtype=np.int32), (steps, arm.members)).copy()
 
 
-def simulators(arm: Arm, pre: Pretrained) -> tuple:
-    """(initial simulators [R, P], KL references [R, P]) of an arm, as parameter trees."""
+def simulators(arm: Arm, pre: Pretrained, fitted: dict | None = None) -> tuple:
+    """(initial simulators [R, P], KL references [R, P]) of an arm, as parameter trees. fitted:
+    {start: {N: params [R]}} for the starts in FITTED_STARTS (`testbed.fitting.fit_to_data`)."""
     members = lambda tree: jax.tree.map(lambda x: jnp.repeat(x[:, None], arm.members, axis=1), tree)
     base = members(pre.base)
     start = {
@@ -156,6 +182,8 @@ def simulators(arm: Arm, pre: Pretrained) -> tuple:
         "collapsed_modes": lambda: pre.collapsed,
         "persona_modes": lambda: base,
         "selfplay": lambda: members(pre.selfplay),
+        "fitted": lambda: members(fitted["fitted"][arm.data]),
+        "vs_fitted": lambda: members(fitted["vs_fitted"][arm.data]),
     }[arm.start]()
     if jax.tree.leaves(start)[0].shape[1] != arm.members:
         raise ValueError(f"arm {arm.name} needs {arm.members} pretrained simulators per seed")

@@ -7,6 +7,9 @@ Arms run on `Settings.workers` threads, which take them in `arm_order` and compi
 once (`CompileOnce`): XLA:CPU runs this game's tiny programs on about one core each, so a second
 thread nearly doubles the arms' throughput on two cores. No arm's numbers depend on it.
 
+With data arms (`Settings.data`), the user dialogues are drawn and the simulators fitted to them
+(`testbed.fitting`) after tabulation; the fitted models are kept in `fitted.msgpack`.
+
 The run directory keeps what is done: the pretrained models (`pretrained.msgpack`) and every finished
 arm (`arms/NAME.msgpack`, written before its metrics are logged). A resumed run loads both, reruns only
 the arms that did not finish, and keeps each arm's records in `metrics.jsonl` exactly once (an arm
@@ -36,14 +39,17 @@ from scope_jax.envs import persona_lm as lm
 from scope_jax.envs import personas
 from scope_jax.models import decoder
 from scope_jax.testbed import arms as arms_lib
-from scope_jax.testbed import evaluate
-from scope_jax.testbed.arms import Arm
+from scope_jax.testbed import evaluate, user_data
+from scope_jax.testbed.arms import FITTED_STARTS, Arm
+from scope_jax.testbed.fitting import Fitter, fit_to_data
 from scope_jax.testbed.gradients import POLICY_TABLE, GradientPanel
 from scope_jax.testbed.pretrain import Pretrained, PretrainConfig, model_config, pretrain
+from scope_jax.testbed.progress import Ticker
 from scope_jax.testbed.rl import RLConfig, arm_inputs, make_runner
 from scope_jax.training.run_dir import METRICS, RunDir
 
 PRETRAINED = "pretrained.msgpack"
+FITTED = "fitted.msgpack"
 ARMS_DIR = "arms"
 
 
@@ -52,7 +58,7 @@ class Settings:
     """vs_samples: verbalizations drawn per (state, strategy) to estimate what Verbalized Sampling
     trains against (`persona_lm.verbalized_table`). pretrain_for: pretrain the models of other arms
     too (the sweep pretrains the default's, so that the default run can resume from its pretraining).
-    workers: threads the arms run on."""
+    workers: threads the arms run on. data: the user data of the data arms (None: no data arm)."""
 
     seeds: tuple[int, ...]
     arms: tuple[Arm, ...]
@@ -62,6 +68,7 @@ class Settings:
     vs_samples: int = 2
     pretrain_for: tuple[Arm, ...] = ()  # the arms whose models pretraining makes; () = `arms`
     workers: int = 1
+    data: user_data.DataConfig | None = None
 
 
 @dataclasses.dataclass
@@ -109,23 +116,34 @@ class Tabulator:
     compiled program per read-out, whatever the number of models). With workers > 1 the models after
     the first (which compiles) are read out on that many threads."""
 
-    def __init__(self, graphdef, workers: int = 1):
+    def __init__(self, graphdef, workers: int = 1, say: Callable[[str], None] | None = None):
         self.graphdef = graphdef
         self.workers = workers
+        self.say = say  # progress lines of each read-out (None: quiet)
 
-    def _map(self, fn: Callable, items: Sequence) -> list:
+    def _map(self, fn: Callable, items: Sequence, what: str) -> list:
+        ticker = Ticker(f"reading out {len(items)} {what}", len(items), self.say) if self.say else None
+        out = []
+
+        def tick(item):
+            result = fn(item)
+            out.append(None)
+            if ticker:
+                ticker(len(out))
+            return result
+
         if self.workers == 1 or len(items) < 2:
-            return [fn(item) for item in items]
-        first = fn(items[0])
+            return [tick(item) for item in items]
+        first = tick(items[0])
         with ThreadPoolExecutor(self.workers) as pool:
-            return [first, *pool.map(fn, items[1:])]
+            return [first, *pool.map(tick, items[1:])]
 
     def policies(self, params, lead_ndim: int = 1) -> np.ndarray:
         """[*lead, N_STATES, N_AGENT] float64 for params with `lead_ndim` leading axes."""
         lead = jax.tree.leaves(params)[0].shape[:lead_ndim]
         flat = _flatten(params, lead_ndim)
         out = self._map(lambda i: lm.as_table(POLICY_TABLE(self.graphdef, _index(flat, i))),
-                        range(int(np.prod(lead))))
+                        range(int(np.prod(lead))), "agent policies")
         return np.stack(out).reshape(*lead, *out[0].shape)
 
     def sims(self, params, cards: np.ndarray) -> np.ndarray:
@@ -133,14 +151,14 @@ class Tabulator:
         cards = np.asarray(cards)
         flat = _flatten(params, cards.ndim)
         out = self._map(lambda ic: lm.as_table(_REPLIES(self.graphdef, _index(flat, ic[0]), int(ic[1]))),
-                        list(enumerate(cards.reshape(-1))))
+                        list(enumerate(cards.reshape(-1))), "simulators' replies")
         return np.stack(out).reshape(*cards.shape, *out[0].shape)
 
     def verbalized(self, params, card: int, keys: Sequence[jax.Array],
                    samples: int) -> tuple[np.ndarray, np.ndarray]:
         """(what VS trains against [R, N_STATES, S, U], malformed fraction [R, N_STATES, S]) of params [R]."""
         out = self._map(lambda ik: _VERBAL(self.graphdef, _index(params, ik[0]), card, ik[1], samples),
-                        list(enumerate(keys)))
+                        list(enumerate(keys)), "Verbalized Sampling simulators (sampled verbalizations)")
         return np.stack([lm.as_table(q) for q, _ in out]), np.stack([np.asarray(m) for _, m in out])
 
 
@@ -250,8 +268,45 @@ def pretraining_diagnostics(tables: Tables, population: np.ndarray,
     return out
 
 
-def start_tables(arm: Arm, tables: Tables) -> np.ndarray:
+class Fitted(NamedTuple):
+    """The simulators fitted to user data, per start in FITTED_STARTS and size N: params [R] and what
+    they answer with [R, N_STATES, S, U] (Verbalized Sampling: its estimate, as `Tables.verbalized`),
+    and each size's split of the dialogues."""
+
+    params: dict[str, dict[int, Any]]
+    tables: dict[str, dict[int, np.ndarray]]
+    splits: dict[int, user_data.Split]
+
+
+def fit(settings: Settings, pre: Pretrained, tab: Tabulator, graphdef, run_dir: RunDir,
+        progress: Callable[[str], None]) -> Fitted:
+    """Draw the user data, fit the collapsed simulators to it (or load the fits), read them out."""
+    config = settings.data
+    dialogues = user_data.draw(config)
+    cache = run_dir.path / FITTED
+    collapsed = jax.tree.map(lambda x: x[:, 0], pre.collapsed)
+    if cache.exists():
+        params = {start: {int(n): p for n, p in fits.items() if int(n) in config.sizes}
+                  for start, fits in _restore(cache).items()}
+        progress("fitted simulators loaded from the run directory")
+    else:
+        params = fit_to_data(Fitter(graphdef, config.fit_learning_rate), collapsed, dialogues, config, progress)
+        if run_dir.primary:
+            _save(cache, {start: {str(n): p for n, p in fits.items()} for start, fits in params.items()})
+    R = len(settings.seeds)
+    keys = [jax.random.fold_in(jax.random.key(8191), s) for s in settings.seeds]  # as `tabulate`'s
+    progress("reading out the fitted simulators")
+    tables = {"fitted": {n: tab.sims(p, np.full(R, lm.NO_CARD)) for n, p in params["fitted"].items()},
+              "vs_fitted": {n: tab.verbalized(p, lm.NO_CARD, keys, settings.vs_samples)[0]
+                            for n, p in params["vs_fitted"].items()}}
+    splits = {n: user_data.split(dialogues, n, config.heldout_fraction) for n in config.sizes}
+    return Fitted(params, tables, splits)
+
+
+def start_tables(arm: Arm, tables: Tables, fitted: Fitted | None = None) -> np.ndarray:
     """[R, P, N_STATES, S, U]: the distributions an arm's simulators answer with before RL."""
+    if arm.start in FITTED_STARTS:
+        return fitted.tables[arm.start][arm.data][:, None]
     if arm.trains and arm.spec.verbalized:
         return tables.verbalized[:, None]
     return {"collapsed": lambda: tables.collapsed[:, :1], "base": lambda: tables.base[:, None],
@@ -260,11 +315,12 @@ def start_tables(arm: Arm, tables: Tables) -> np.ndarray:
 
 
 def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: Tabulator,
-            panel: GradientPanel, keys: jax.Array) -> ArmResult:
-    """Train one arm on every seed (one compiled call) and evaluate its snapshots exactly."""
+            panel: GradientPanel, keys: jax.Array, fitted: Fitted | None = None) -> ArmResult:
+    """Train one arm on every seed (one compiled call) and evaluate its snapshots exactly. Arms with
+    data also get `data_nll`: the NLL of the held-out dialogues under the training simulator."""
     start, R, rl = time.perf_counter(), len(settings.seeds), settings.rl
     population = personas.base_simulator()
-    initial = start_tables(arm, tables)
+    initial = start_tables(arm, tables, fitted)
     self_play = arm.start == "selfplay"
     agent0 = pre.selfplay if self_play else pre.agent
     policy0 = tables.selfplay_agent if self_play else tables.agent
@@ -273,13 +329,18 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
     if not arm.trains:  # evaluated against the simulator RL would train on
         policies, steps, sim_tables = policy0[:, None], np.zeros(1, int), initial[:, None]
     else:
-        sims, refs = arms_lib.simulators(arm, pre)
+        sims, refs = arms_lib.simulators(arm, pre, fitted and fitted.params)
         cards = arms_lib.cards(arm)
         kl = rl.sim_kl_coef if arm.sim_kl_coef is None else arm.sim_kl_coef
         lr = rl.sim_learning_rate if arm.sim_learning_rate is None else arm.sim_learning_rate
-        program = make_runner(tab.graphdef, tab.graphdef, rl, arm.members, kl, self_play)
+        program = make_runner(tab.graphdef, tab.graphdef, rl, arm.members, kl, self_play, arm.data_coef)
+        anchor = {}
+        if arm.data_coef:
+            train = fitted.splits[arm.data].train
+            anchor = dict(data=user_data.token_batch(train, settings.data.max_dialogues),
+                          rows=len(train.strategies))
         inputs = arm_inputs(cards, arms_lib.voices(arm, rl.steps, rl.rotation_block), arm.spec.verbalized,
-                            lr if arm.spec.trains_sims else 0.0, arms_lib.OBJECTIVES[arm.objective])
+                            lr if arm.spec.trains_sims else 0.0, arms_lib.OBJECTIVES[arm.objective], **anchor)
         _, logs, snaps = COMPILED(program.run, agent0, sims, refs, inputs, keys)
         logs = jax.tree.map(np.asarray, logs)
         policies = np.concatenate([policy0[:, None], tab.policies(snaps.agent, 2)], axis=1)
@@ -300,6 +361,10 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
               | panel(agent_params(r, e), sim_tables[r, e], population)
               for e in range(len(steps))] for r in range(R)]
     eval_curves = {k: np.array([[ev[k] for ev in row] for row in evals]) for k in evals[0][0]}
+    if arm.data:
+        heldout = fitted.splits[arm.data].heldout
+        eval_curves["data_nll"] = np.array([[user_data.table_nll(sim_tables[r, e, 0], heldout)
+                                             for e in range(len(steps))] for r in range(R)])
     return ArmResult(arm.label, step_curves, steps, eval_curves, time.perf_counter() - start)
 
 
@@ -307,7 +372,8 @@ def program_key(arm: Arm, rl: RLConfig) -> tuple | None:
     """What shapes an arm's compiled RL program (`make_runner`'s arguments besides the run's); None: no RL."""
     if not arm.trains:
         return None
-    return arm.members, rl.sim_kl_coef if arm.sim_kl_coef is None else arm.sim_kl_coef, arm.start == "selfplay"
+    kl = rl.sim_kl_coef if arm.sim_kl_coef is None else arm.sim_kl_coef
+    return arm.members, kl, arm.start == "selfplay", arm.data_coef
 
 
 def arm_order(arms: Sequence[Arm], rl: RLConfig) -> list[Arm]:
@@ -404,7 +470,7 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
         progress("pretraining agent and simulators")
         needs = list(settings.pretrain_for or settings.arms)
         pre = pretrain(settings.pretrain, settings.seeds, arms_lib.collapse_personas(needs),
-                       settings.heldout_seeds, selfplay=any(a.start == "selfplay" for a in needs))
+                       settings.heldout_seeds, selfplay=any(a.start == "selfplay" for a in needs), say=progress)
         if run_dir.primary:
             _save(cache, pre._asdict())
     seconds = {"pretrain": time.perf_counter() - start}
@@ -413,10 +479,16 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
     tab, panel = Tabulator(graphdef), GradientPanel(graphdef)
     t0 = time.perf_counter()
     # Tabulation reads models out on the threads; the arms, already on threads, with `tab`, one at a time.
-    tables = tabulate(Tabulator(graphdef, settings.workers), pre, settings.vs_samples, settings.seeds)
+    progress("reading out every pretrained model at the 2,551 decision states")
+    tables = tabulate(Tabulator(graphdef, settings.workers, progress), pre, settings.vs_samples, settings.seeds)
     diag = pretraining_diagnostics(tables, personas.base_simulator(), settings.pretrain.heldout_priors)
     diag["sft_losses"] = {k: np.asarray(v).tolist() for k, v in pre.losses.items()}
     seconds["tabulate"] = time.perf_counter() - t0
+    fitted = None
+    if any(arm.data for arm in settings.arms):
+        t0 = time.perf_counter()
+        fitted = fit(settings, pre, Tabulator(graphdef, settings.workers, progress), graphdef, run_dir, progress)
+        seconds["fit"] = time.perf_counter() - t0
 
     store = ArmStore(run_dir)
     finished = {name: result for name in names if (result := store.load(name)) is not None}
@@ -434,7 +506,9 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
             log(name, result)
     keys = jax.random.split(jax.random.key(sum(settings.seeds) + 7919), len(settings.seeds))  # shared by arms
     failed = threading.Event()
+    ran: list[float] = []
     queue = collections.deque(arm_order([arm for arm in settings.arms if arm.name not in finished], settings.rl))
+    todo = len(queue)
 
     def worker() -> dict[str, ArmResult]:
         done = {}
@@ -446,12 +520,17 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
             try:
                 with log_lock:  # print writes the line and its newline separately
                     progress(f"arm {arm.name}")
-                done[arm.name] = run_arm(arm, settings, pre, tables, tab, panel, keys)
+                done[arm.name] = run_arm(arm, settings, pre, tables, tab, panel, keys, fitted)
             except BaseException:
                 failed.set()  # the other threads stop after their current arm
                 raise
             store.save(arm.name, done[arm.name])
             log(arm.name, done[arm.name])
+            with log_lock:
+                ran.append(done[arm.name].seconds)
+                left = np.mean(ran) * (todo - len(ran)) / settings.workers
+                progress(f"arm {arm.name}: done in {ran[-1]:.0f}s; {len(ran)} of {todo} arms run, "
+                         f"about {left:.0f}s left")
         return done
 
     with ThreadPoolExecutor(settings.workers) as pool:

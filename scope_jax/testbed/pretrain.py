@@ -29,7 +29,7 @@ Data are drawn on the host with numpy (exact game tables, per-dialogue histories
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -46,6 +46,7 @@ from scope_jax.logprobs import token_logprobs
 from scope_jax.models import decoder
 from scope_jax.models.decoder import Params
 from scope_jax.models.tiny import tiny_config
+from scope_jax.testbed.progress import Ticker
 from scope_jax.training.state import stack_population
 
 PERSONA_TABLES = np.stack([personas.persona_simulator(p) for p in range(len(personas.PERSONAS))])
@@ -210,16 +211,19 @@ class SFT:
 
         self.step = jax.jit(jax.vmap(step, in_axes=(0, 0, 0, None)), donate_argnums=(0, 1))
 
-    def __call__(self, params: Params, datasets: Sequence[Dataset]) -> tuple[Params, np.ndarray]:
+    def __call__(self, params: Params, datasets: Sequence[Dataset], label: str = "SFT",
+                 say: Callable[[str], None] = print) -> tuple[Params, np.ndarray]:
         """Train models params [K] on datasets (tokens [K, S, B, L], targets [K, S, B, ...]), one batch
-        of each per step; returns (params [K], last losses [K])."""
+        of each per step; returns (params [K], last losses [K]). Progress lines go to `say`."""
         steps = datasets[0][0].shape[1]
+        ticker = Ticker(label, steps, say)
         opt_state = jax.vmap(self.adam.init)(params)
         loss = jnp.full(jax.tree.leaves(params)[0].shape[:1], jnp.nan)
         for i in range(steps):
             lr = self.learning_rate * 0.5 * (1.0 + np.cos(np.pi * i / steps))
             params, opt_state, loss = self.step(params, opt_state,
                                                 tuple((t[:, i], m[:, i]) for t, m in datasets), lr)
+            ticker(i + 1)
         return params, np.asarray(loss)
 
 
@@ -297,9 +301,10 @@ def verbalization_data(config: PretrainConfig, seed: Sequence[int], predictive: 
 
 
 def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Sequence[int],
-             heldout_seeds: Sequence[int], selfplay: bool = False) -> Pretrained:
+             heldout_seeds: Sequence[int], selfplay: bool = False,
+             say: Callable[[str], None] = lambda message: None) -> Pretrained:
     """Agent, base and collapsed simulators (and the joint model) for every seed; the held-out
-    simulators once."""
+    simulators once. Each phase's progress lines go to `say`."""
     graphdef, _ = decoder.init(model_config(config), seed=0)
     sft = SFT(graphdef, config.learning_rate)
     R, C = len(seeds), len(collapse_personas)
@@ -308,13 +313,15 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
     # programs on about one core each); the models do not depend on it.
     pool = ThreadPoolExecutor(1)
     agent_job = pool.submit(sft, _inits(config, [1000 * s for s in seeds]),
-                            _stack([(agent_data(config, [s, 0], config.agent_steps),) for s in seeds]))
+                            _stack([(agent_data(config, [s, 0], config.agent_steps),) for s in seeds]),
+                            f"pretraining {R} agents (persuader dialogues)", say)
 
     priors = [personas.PRIOR] * R + list(config.heldout_priors)
     data_seeds = [[s, 1] for s in seeds] + [[s, 2] for s in heldout_seeds]
     init_seeds = [1000 * s + 1 for s in seeds] + [1000 * s + 2 for s in heldout_seeds]
     sim_data = [(simulator_data(config, ds, prior),) for ds, prior in zip(data_seeds, priors)]
-    sims, sim_losses = sft(_inits(config, init_seeds), _stack(sim_data))
+    sims, sim_losses = sft(_inits(config, init_seeds), _stack(sim_data),
+                           f"pretraining {len(init_seeds)} simulators (population dialogues)", say)
     base = jax.tree.map(lambda x: x[:R], sims)
     heldout = jax.tree.map(lambda x: x[R:], sims)
 
@@ -328,7 +335,8 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
         vs = verbalization_data(config, [seed, 3], read(_index(base, r), lm.NO_CARD))
         datasets += [(collapse_data(config, [seed, 3, p], card_tables[r][p], config.collapse_steps), vs)
                      for p in collapse_personas]
-    collapsed, collapse_losses = sft(jax.tree.map(lambda x: jnp.repeat(x, C, axis=0), base), _stack(datasets))
+    collapsed, collapse_losses = sft(jax.tree.map(lambda x: jnp.repeat(x, C, axis=0), base), _stack(datasets),
+                                     f"collapsing {R * C} simulators (alignment-like step)", say)
     collapsed = jax.tree.map(lambda x: x.reshape(R, C, *x.shape[1:]), collapsed)
     agent, agent_losses = agent_job.result()
     pool.shutdown()
@@ -343,5 +351,5 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
                        collapse_data(config, [s, 5], card_tables[r][personas.EMOTIONAL], steps))
                       for r, s in enumerate(seeds)]
         joint, losses["selfplay"] = sft(jax.tree.map(lambda x: x[:, emotional], collapsed),
-                                        _stack(both_roles))
+                                        _stack(both_roles), f"teaching {R} self-play models both roles", say)
     return Pretrained(agent, base, collapsed, heldout, joint, losses)

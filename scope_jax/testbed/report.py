@@ -13,8 +13,8 @@ from summary.json alone (`readme_block`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import matplotlib
 
@@ -55,6 +55,7 @@ EVAL_METRICS = {
     "first_turn_inquiry": "first-turn P(personal inquiry)",
     "grad_cos_mode": "cos(g_train, g_mode)", "grad_cos_population": "cos(g_train, g_population)",
     "grad_dist_mode": "||g_train - g_mode||", "grad_norm": "||g_train||",
+    "data_nll": "simulator NLL of the held-out user dialogues (nats per reply)",
 }
 DELTA_METRICS = ("heldout_value", "heldout_success", "heldout_donation", "heldout_sims_value",
                  "entropy_off_sim", "first_turn_entropy")
@@ -432,7 +433,18 @@ PRETRAINING_ROWS = (  # (label, key in the pretraining diagnostics, reduction pe
 )
 
 
-def markdown(results: Results, summary: dict[str, Any]) -> str:
+class Section(NamedTuple):
+    """An optional part of the report (e.g. `testbed.data_report.SECTION`): its summary.json entry under
+    `key` (summarize returns None when the run has nothing for it), its figure `figures/KEY.png` and its
+    summary.md lines."""
+
+    key: str
+    summarize: Callable[[Results, dict[str, Any]], dict[str, Any] | None]
+    figure: Callable[[dict[str, Any], dict[str, str]], Any]
+    markdown: Callable[[dict[str, Any]], list[str]]
+
+
+def markdown(results: Results, summary: dict[str, Any], sections: Sequence[Section] = ()) -> str:
     s, rl, pt = results.settings, results.settings.rl, results.settings.pretrain
     pre = summary["pretraining"]
     mean_sd = lambda xs: f"{np.mean(xs):.3f} (seeds {', '.join(f'{x:.3f}' for x in np.ravel(xs))})"
@@ -472,6 +484,9 @@ def markdown(results: Results, summary: dict[str, Any]) -> str:
         lines += ["## Co-Training sweep (from the collapsed simulator, anchored to its start)", "",
                   f"Rule, stated before the sweep was run: choose {SWEEP_RULE}.", "",
                   *sweep_table(summary), ""]
+    for section in sections:
+        if section.key in summary:
+            lines += section.markdown(summary[section.key])
     lines += ["## Exact values on the population", "", *_table(
         ["policy", "value", "donation", "success"],
         [[name, f"{r['value']:.4f}", f"${r['donation']:.3f}", f"{r['success']:.4f}"]
@@ -505,6 +520,28 @@ def readme_block(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def sweep_null_sentence(sweep: dict[str, Any]) -> str | None:
+    """The sweep's verdict on the simulator objectives that do not see the users, per objective: every
+    point against the frozen collapsed simulator, paired by seed (from sweep.json alone)."""
+    deltas = sweep["deltas"].get("frozen", {})
+    by_objective: dict[str, list[dict[str, Any]]] = {}
+    for name, point in sweep["sweep"].items():
+        by_objective.setdefault(point["objective"], []).append(deltas[name]["heldout_value"])
+    if not by_objective:
+        return None
+    parts = []
+    for objective, points in by_objective.items():
+        means = [d["mean"] for d in points]
+        verdicts = [direction(d) for d in points]
+        parts.append(f"{objective}: {len(points)} settings, held-out value {min(means):+.3f} to "
+                     f"{max(means):+.3f} against the frozen collapsed simulator (paired by seed), above it at "
+                     f"95% at {verdicts.count('higher')}, below at {verdicts.count('lower')}")
+    base = sweep["arms"]["frozen_base"]["heldout_value"]["mean"] - sweep["arms"]["frozen"]["heldout_value"]["mean"]
+    return (f"Simulator objectives that do not see the users, neural evidence (`:sweep`, Co-Training like "
+            f"for like over KL weight x simulator learning rate, {len(sweep['seeds'])} seeds): "
+            f"{'; '.join(parts)}; the frozen base simulator is {base:+.3f} above the frozen collapsed one.")
+
+
 README_BEGIN = "<!-- testbed results: python -m experiments.readme writes them from docs/results/ -->"
 README_END = "<!-- end of testbed results -->"
 
@@ -523,7 +560,7 @@ def readme_section(readme: str) -> str:
     return readme.partition(README_BEGIN)[2].partition(README_END)[0].strip("\n")
 
 
-def write(results: Results, run_dir: RunDir) -> dict[str, Any]:
+def write(results: Results, run_dir: RunDir, sections: Sequence[Section] = ()) -> dict[str, Any]:
     """All figures, summary.json and summary.md (written last: it marks the run finished)."""
     run_dir.save_figure(main_figure(results), "main")
     run_dir.save_figure(gradient_figure(results), "gradient_panel")
@@ -531,6 +568,10 @@ def write(results: Results, run_dir: RunDir) -> dict[str, Any]:
         if any(key in a.step_curves or key in a.evals for a in results.arms.values()):
             run_dir.save_figure(metric_figure(results, key, title), f"metric_{key}")
     summary = summarize(results)
+    for section in sections:
+        if (part := section.summarize(results, summary)) is not None:
+            summary[section.key] = part
+            run_dir.save_figure(section.figure(part, summary["labels"]), section.key)
     run_dir.write_json("summary.json", summary)
-    run_dir.write_summary(markdown(results, summary))
+    run_dir.write_summary(markdown(results, summary, sections))
     return summary

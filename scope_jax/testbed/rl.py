@@ -5,12 +5,15 @@ plays B = groups x group_size episodes against them (block p of the episodes ans
 GRPO advantages per group, the agent's `RoleBatch` (its view, loss on its decisions, the sampler's
 log-probs) and the simulators' ([P, M, L]: their view, loss on their replies, advantages = GRPO of
 `sim_sign` x the agent's reward, -1 for the adversarial objective, KL to the reference through
-`LossConfig.kl_coef`), then the project's one `make_train_step`. Every `eval_every` steps the agent's
+`LossConfig.kl_coef`), then the project's one `make_train_step`. With a data anchor (`data_coef` > 0) the
+simulators' loss also has `data_coef` x the NLL of their replies in user dialogues (`Batch.sim_data`):
+each step draws M of the data's rows (`ArmInputs.data`), with replacement, from a stream of the step's
+key that the rollout does not use. Every `eval_every` steps the agent's
 and the simulators' parameters are emitted for exact evaluation on the host.
 
 What differs between arms is data (`ArmInputs`), not code. Only the population size P, the simulators'
-KL weight (a term of the compiled loss, absent at 0) and self-play shape the compiled program, so the
-arms of one (P, KL) share it. The simulators' optimizer runs at unit rate and the step moves them by
+KL and data weights (terms of the compiled loss, absent at 0) and self-play shape the compiled program,
+so the arms of one (P, KL, data weight) share it. The simulators' optimizer runs at unit rate and the step moves them by
 `sim_learning_rate` times its update, exact for Adam without weight decay (its moments do not depend
 on the rate). At rate 0 (frozen arms) the parameters stay bitwise fixed; the train step still computes
 their update, which costs one simulator backward pass per step and saves a compilation (tens of seconds
@@ -31,7 +34,7 @@ from flax import nnx
 
 from scope_jax.algorithms import ADVANTAGES, token_mean
 from scope_jax.envs import persona_lm as lm
-from scope_jax.training.batch import Batch, RoleBatch
+from scope_jax.training.batch import Batch, RoleBatch, TokenBatch
 from scope_jax.training.loss import LossConfig
 from scope_jax.training.optimizer import OptimizerConfig, make_optimizer
 from scope_jax.training.state import JointState
@@ -58,6 +61,17 @@ class RLConfig:
         return self.groups * self.group_size
 
 
+DATA_STREAM = 1 << 20  # folded into a step's key for the data anchor's rows
+
+
+class AnchorData(NamedTuple):
+    """The data anchor's dialogues in the simulator's view, padded to a fixed number of rows."""
+
+    tokens: jax.Array  # [D, L] int32
+    loss_mask: jax.Array  # [D, L] float: 1 on the simulator's replies
+    rows: jax.Array  # [] int32: the rows that hold dialogues (the first `rows`)
+
+
 class ArmInputs(NamedTuple):
     """What differs between the arms of one compiled program (unbatched over seeds)."""
 
@@ -66,6 +80,7 @@ class ArmInputs(NamedTuple):
     verbalized: jax.Array  # [] bool: simulators answer by Verbalized Sampling
     sim_learning_rate: jax.Array  # [] float: 0 keeps the simulators frozen (unused in self-play)
     sim_sign: jax.Array  # [] float: the simulators' reward is sim_sign x the agent's (-1: adversarial)
+    data: AnchorData | None = None  # the data anchor's dialogues (programs with data_coef > 0)
 
 
 class StepLog(NamedTuple):
@@ -92,36 +107,47 @@ class Program(NamedTuple):
     run: Callable  # jit(vmap): (agent [R], sims [R, P], refs [R, P], ArmInputs, keys [R])
     #                  -> (final JointState [R], StepLog [R, steps], Snapshots)
     init: Callable  # (agent, sims [P], refs [P], key) -> JointState
-    batch: Callable  # (lm.Dialogues, sim_sign) -> Batch
+    batch: Callable  # (lm.Dialogues, sim_sign, sim_data) -> Batch
+    anchor: Callable  # (AnchorData, step key) -> the data anchor's TokenBatch [P, M, L]
     train_step: Callable  # (JointState, Batch) -> (JointState, metrics)
 
 
 @functools.cache
 def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config: RLConfig, members: int,
-                sim_kl_coef: float, self_play: bool = False) -> Program:
-    """The RL program of arms with `members` simulators and simulator KL weight `sim_kl_coef` (cached:
-    arms and runs of one shape share it). In self-play `sims` is unused (pass the agent's, [R, 1])
-    and refs[:, 0] is the simulator role's KL reference."""
+                sim_kl_coef: float, self_play: bool = False, data_coef: float = 0.0) -> Program:
+    """The RL program of arms with `members` simulators, simulator KL weight `sim_kl_coef` and data
+    anchor weight `data_coef` (cached: arms and runs of one shape share it). In self-play `sims` is
+    unused (pass the agent's, [R, 1]) and refs[:, 0] is the simulator role's KL reference."""
     if config.groups % members or config.steps % config.eval_every:
         raise ValueError("groups must divide into members and steps into eval_every chunks")
     if self_play and members != 1:
         raise ValueError("self-play has one simulator: the agent itself")
+    if self_play and data_coef:
+        raise ValueError("the data anchor is the simulators' (self-play has none of its own)")
     per_member = config.episodes // members
     optimizer = make_optimizer(OptimizerConfig(learning_rate=config.learning_rate, sim_learning_rate=1.0),
                                {"agent": True} if self_play else {"agent": True, "sims": True})
     step_config = TrainStepConfig(agent=LossConfig(allowed_tokens=lm.AGENT_ACTS),
-                                  sims=LossConfig(kl_coef=sim_kl_coef, allowed_tokens=lm.REPLY_ACTS),
+                                  sims=LossConfig(kl_coef=sim_kl_coef, allowed_tokens=lm.REPLY_ACTS,
+                                                  data_coef=data_coef),
                                   self_play=self_play)
     train_step = make_train_step(agent_graphdef, sim_graphdef, optimizer, step_config)
     advantage = ADVANTAGES[config.advantage]
     group_ids = jnp.arange(config.episodes) // config.group_size
 
-    def batch(d: lm.Dialogues, sim_sign: jax.Array) -> Batch:
+    def anchor(data: AnchorData, key) -> TokenBatch:
+        """[members, M, L]: M rows of the data, drawn with replacement, the same for every member."""
+        rows = jax.random.randint(jax.random.fold_in(key, DATA_STREAM), (per_member,), 0, data.rows)
+        tokens = jnp.broadcast_to(data.tokens[rows], (members, per_member, data.tokens.shape[-1]))
+        mask = jnp.broadcast_to(data.loss_mask[rows], tokens.shape)
+        return TokenBatch(tokens, lm.positions_like(tokens), mask)
+
+    def batch(d: lm.Dialogues, sim_sign: jax.Array, sim_data: TokenBatch | None = None) -> Batch:
         agent = RoleBatch(d.tokens, lm.positions_like(d.tokens), d.agent_mask, d.agent_logprobs,
                           advantage(d.rewards, group_ids, config.groups))
         sim_adv = advantage(sim_sign * d.rewards, group_ids, config.groups).reshape(members, per_member)
         sims = RoleBatch(d.sim_tokens, lm.positions_like(d.sim_tokens), d.sim_mask, d.sim_logprobs, sim_adv)
-        return Batch(agent=agent, sims=sims)
+        return Batch(agent=agent, sims=sims, sim_data=sim_data)
 
     def simulators(state: JointState):
         return jax.tree.map(lambda x: x[None], state.params["agent"]) if self_play else state.params["sims"]
@@ -138,7 +164,8 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
         voiced = jax.tree.map(lambda x: x[inputs.voices[t]], simulators(state))
         d = lm.rollout(agent_graphdef, state.params["agent"], sim_graphdef, voiced, inputs.cards,
                        inputs.verbalized, key, members, per_member)
-        new, metrics = train_step(state, batch(d, inputs.sim_sign))
+        sim_data = anchor(inputs.data, key) if data_coef else None
+        new, metrics = train_step(state, batch(d, inputs.sim_sign, sim_data))
         if not self_play:
             rate = inputs.sim_learning_rate
             moved = jax.tree.map(lambda n, o: jnp.where(rate > 0, o + rate * (n - o), o),
@@ -171,9 +198,14 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
         return state, logs, snapshots
 
     run = jax.jit(jax.vmap(run_seed, in_axes=(0, 0, 0, None, 0)))
-    return Program(run, init, batch, train_step)
+    return Program(run, init, batch, anchor, train_step)
 
 
-def arm_inputs(cards, voices, verbalized: bool, sim_learning_rate: float, sim_sign: float) -> ArmInputs:
+def arm_inputs(cards, voices, verbalized: bool, sim_learning_rate: float, sim_sign: float,
+               data: TokenBatch | None = None, rows: int = 0) -> ArmInputs:
+    """data: the anchor's dialogues [D, L] (its first `rows` rows hold them), or None."""
+    anchor = None if data is None else AnchorData(jnp.asarray(data.tokens, jnp.int32),
+                                                  jnp.asarray(data.loss_mask, jnp.float32),
+                                                  jnp.asarray(rows, jnp.int32))
     return ArmInputs(jnp.asarray(cards, jnp.int32), jnp.asarray(voices, jnp.int32), jnp.asarray(verbalized),
-                     jnp.asarray(sim_learning_rate, jnp.float32), jnp.asarray(sim_sign, jnp.float32))
+                     jnp.asarray(sim_learning_rate, jnp.float32), jnp.asarray(sim_sign, jnp.float32), anchor)

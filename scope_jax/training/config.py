@@ -46,6 +46,8 @@ def default_config() -> ml_collections.ConfigDict:
         "population": 1,           # P, for mode population
         "models": (),              # the frozen simulators of modes rotation and mixture
         "objective": "adversarial",  # a trained simulator's reward: "adversarial" or "cooperative"
+        "data_coef": 0.0,          # weight of the data anchor: the NLL of user dialogues in the simulators' loss
+        "data": "",                # the user dialogues of the data anchor (required when data_coef > 0)
     })
     c.verbalized = ml_collections.ConfigDict(
         dict(dataclasses.asdict(VerbalizedConfig()), max_new_tokens=128))
@@ -127,10 +129,11 @@ def make_env(env_config: ml_collections.ConfigDict) -> envs.Environment:
         raise ConfigError(f"config group 'env': {e}") from None
 
 
-def loss_config(config: ml_collections.ConfigDict, kl_coef: float) -> LossConfig:
-    """The loss settings of one role (its KL weight `kl_coef`) from the `algo` and `sampling` groups."""
+def loss_config(config: ml_collections.ConfigDict, kl_coef: float, data_coef: float = 0.0) -> LossConfig:
+    """The loss settings of one role (its KL weight `kl_coef`, data anchor weight `data_coef`) from the
+    `algo` and `sampling` groups."""
     algo = config.algo
     return LossConfig(epsilon_low=algo.epsilon_low, epsilon_high=algo.epsilon_high,
                       dual_clip=algo.dual_clip or None, aggregation=algo.aggregation, kl_coef=kl_coef,
                       kl_estimator=algo.kl_estimator, entropy_coef=algo.entropy_coef,
-                      temperature=config.sampling.temperature)
+                      temperature=config.sampling.temperature, data_coef=data_coef)

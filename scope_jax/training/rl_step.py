@@ -25,7 +25,7 @@ from scope_jax.dialogue.speakers import ModelSpeaker, cache_stats
 from scope_jax.dialogue.views import RoleView
 from scope_jax.kv_cache import CacheStats
 from scope_jax.simulators import verbalized
-from scope_jax.simulators.modes import OBJECTIVES
+from scope_jax.simulators.modes import objective as sim_objective
 from scope_jax.training import monitor
 from scope_jax.training.batch import Batch, role_batch
 from scope_jax.training.setup import Setup
@@ -105,7 +105,7 @@ def role_advantages(setup: Setup, episodes: list[Episode]) -> dict[str, np.ndarr
     rewards = np.asarray([e.rewards["agent"] for e in episodes], np.float32)
     advantages = {"agent": group_advantages(rewards, groups, estimator)}
     if setup.mode.sim_trains:
-        objective = OBJECTIVES[setup.config.sim.objective]
+        objective = sim_objective(setup.config.sim.objective)
         sim_rewards = np.asarray([objective(e.rewards) for e in episodes], np.float32)
         sim_groups = groups * setup.mode.members + np.asarray([e.sim_index for e in episodes])
         advantages["sims"] = group_advantages(sim_rewards, sim_groups, estimator)

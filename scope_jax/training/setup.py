@@ -85,7 +85,7 @@ def build(config: ml_collections.ConfigDict) -> Setup:
     state = joint.create(params, optimizer, seed=config.seed, ref_roles=tuple(sorted(ref_roles)))
     step_config = TrainStepConfig(
         agent=loss_config(config, config.algo.kl_coef),
-        sims=loss_config(config, config.algo.sim_kl_coef) if mode.sim_trains else None,
+        sims=loss_config(config, config.algo.sim_kl_coef, config.sim.data_coef) if mode.sim_trains else None,
         self_play=mode.sim_params == "agent", microbatches=config.train.microbatches)
     trained_sim = mode.sim_player(sims)
     sim_graphdef = trained_sim.graphdef if trained_sim is not None else None

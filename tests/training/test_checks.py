@@ -29,6 +29,9 @@ BAD = [
     ("a member's rows per micro-batch do not split over the mesh", "population",
      {"rollout.groups": 1, "rollout.group_size": 4, "mesh.fsdp": 4}, "rollout.groups"),
     ("an unknown objective", "cotrain", {"sim.objective": "shared"}, "sim.objective"),
+    ("the regret objective (it needs a best response)", "cotrain", {"sim.objective": "regret"}, "sim.objective"),
+    ("a data anchor without user data", "cotrain", {"sim.data_coef": 0.5}, "sim.data_coef"),
+    ("a data anchor on a frozen simulator", "frozen", {"sim.data_coef": 0.5, "sim.data": "p4g"}, "sim.data_coef"),
     ("an unknown mode", "frozen", {"sim.mode": "alternating"}, "sim.mode"),
 ]
 
@@ -44,3 +47,29 @@ def test_bad_configurations_are_refused_in_one_line_naming_the_key(mode, changes
         check(config)
     message = str(error.value)
     assert f"'{key}'" in message and "\n" not in message, message
+
+
+def test_regret_is_refused_by_the_rl_step_too_saying_it_needs_a_best_response():
+    """role_advantages reads the objective through the same check (a config that skipped `check`)."""
+    from types import SimpleNamespace
+
+    from scope_jax.training.rl_step import role_advantages
+
+    config = get_config("cotrain")
+    config.sim.objective = "regret"
+    setup = SimpleNamespace(config=config, mode=SimpleNamespace(sim_trains=True, members=1))
+    episode = SimpleNamespace(group=0, sim_index=0, rewards={"agent": 1.0, "sim": 0.0})
+    with pytest.raises(ConfigError, match="best response") as error:
+        role_advantages(setup, [episode, episode])
+    assert "\n" not in str(error.value)
+
+
+def test_the_data_anchor_weight_reaches_the_simulators_loss():
+    """sim.data_coef becomes the simulators' LossConfig.data_coef in the built train step (the agent's
+    stays 0)."""
+    from scope_jax.training import setup as setup_lib
+
+    config = get_config("cotrain")
+    config.sim.data_coef, config.sim.data = 0.5, "p4g"
+    setup = setup_lib.build(config)
+    assert setup.step_config.sims.data_coef == 0.5 and setup.step_config.agent.data_coef == 0.0
