@@ -1,0 +1,106 @@
+"""Start a multi-process job on this machine: python -m experiments.launch_local --processes N -- RUN_ARGS.
+
+Each of the N processes runs `python -m experiments.run RUN_ARGS --distributed` with the coordinator on
+127.0.0.1 at a free port, its process id, and (on the CPU) `--devices` host devices of its own; together
+they form one global mesh of N x devices devices (scope_jax.distributed). For tests and single-node users;
+a cluster starts its processes with its own launcher (experiments/launch/).
+
+The launcher exits with the first failing process's status. When a process ends with an error or a
+signal while others still run, it prints one line naming it, stops the others (SIGTERM, then SIGKILL
+after `--grace` seconds) and exits with status 1: a lost process never leaves the rest hanging in a
+collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from scope_jax.distributed import COORDINATOR, PROCESS_ID, PROCESSES
+
+POLL_S = 0.2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_env(base: dict[str, str], coordinator: str, processes: int, process: int,
+                devices: int) -> dict[str, str]:
+    """`base` with the launcher's variables and this process's host device count (replacing any other)."""
+    flags = [f for f in base.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    return {**base, COORDINATOR: coordinator, PROCESSES: str(processes), PROCESS_ID: str(process),
+            "XLA_FLAGS": " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])}
+
+
+def exit_reason(status: int) -> str:
+    return f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
+
+
+def launch(processes: int, devices: int, run_args: list[str], grace: float) -> int:
+    """Run the job; its exit status."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    args = [sys.executable, "-m", "experiments.run", *run_args]
+    if "--distributed" not in run_args:
+        args.append("--distributed")
+    children = [subprocess.Popen(args, env=process_env(dict(os.environ), coordinator, processes, i, devices))
+                for i in range(processes)]
+    try:
+        while True:
+            statuses = [child.poll() for child in children]
+            failed = next((i for i, s in enumerate(statuses) if s not in (None, 0)), None)
+            if failed is not None:
+                if any(s is None for s in statuses):
+                    print(f"error: process {failed} of {processes} {exit_reason(statuses[failed])}; "
+                          "stopping the others", file=sys.stderr, flush=True)
+                    stop(children, grace)
+                    return 1
+                return statuses[failed]
+            if all(s == 0 for s in statuses):
+                return 0
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        stop(children, grace)
+        return 130
+
+
+def stop(children: list[subprocess.Popen], grace: float) -> None:
+    """SIGTERM the children still running, SIGKILL those still there after `grace` seconds."""
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.time() + grace
+    for child in children:
+        try:
+            child.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        sys.exit("error: usage: python -m experiments.launch_local --processes N [--devices K] -- RUN_ARGS")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="python -m experiments.launch_local")
+    parser.add_argument("--processes", type=int, required=True, help="processes to start")
+    parser.add_argument("--devices", type=int, default=1, help="host (CPU) devices per process")
+    parser.add_argument("--grace", type=float, default=10.0,
+                        help="seconds the other processes get to stop after one is lost")
+    options = parser.parse_args(argv[:split])
+    if options.processes < 1 or options.devices < 1:
+        sys.exit("error: --processes and --devices must be at least 1")
+    return launch(options.processes, options.devices, argv[split + 1:], options.grace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
