@@ -1,14 +1,16 @@
 """Start a multi-process job on this machine: python -m experiments.launch_local --processes N -- RUN_ARGS.
 
-Each of the N processes runs `python -m experiments.run RUN_ARGS --distributed` with the coordinator on
+Each of the N processes runs `python -m experiments.run RUN_ARGS --distributed` (`--module` names another
+module that takes --distributed) with the coordinator on
 127.0.0.1 at a free port, its process id, and (on the CPU) `--devices` host devices of its own; together
 they form one global mesh of N x devices devices (scope_jax.distributed). For tests and single-node users;
 a cluster starts its processes with its own launcher (experiments/launch/).
 
-The launcher exits with the first failing process's status. When a process ends with an error or a
-signal while others still run, it prints one line naming it, stops the others (SIGTERM, then SIGKILL
-after `--grace` seconds) and exits with status 1: a lost process never leaves the rest hanging in a
-collective.
+The launcher exits with the first failing process's status. A process killed by a signal, or one that
+fails while the others have not ended by themselves `--grace` seconds later, is lost: the launcher prints
+one line naming it, stops the others (SIGTERM, then SIGKILL after `--grace` seconds) and exits with
+status 1, so a lost process never leaves the rest hanging in a collective. (A refused config fails on
+every process at once: process 0 prints its one line, and the launcher adds none.)
 """
 
 from __future__ import annotations
@@ -45,27 +47,28 @@ def exit_reason(status: int) -> str:
     return f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
 
 
-def launch(processes: int, devices: int, run_args: list[str], grace: float) -> int:
+def launch(processes: int, devices: int, run_args: list[str], grace: float, module: str = "experiments.run") -> int:
     """Run the job; its exit status."""
     coordinator = f"127.0.0.1:{free_port()}"
-    args = [sys.executable, "-m", "experiments.run", *run_args]
+    args = [sys.executable, "-m", module, *run_args]
     if "--distributed" not in run_args:
         args.append("--distributed")
     children = [subprocess.Popen(args, env=process_env(dict(os.environ), coordinator, processes, i, devices))
                 for i in range(processes)]
     try:
+        failed, since = None, 0.0
         while True:
             statuses = [child.poll() for child in children]
-            failed = next((i for i, s in enumerate(statuses) if s not in (None, 0)), None)
-            if failed is not None:
-                if any(s is None for s in statuses):
-                    print(f"error: process {failed} of {processes} {exit_reason(statuses[failed])}; "
-                          "stopping the others", file=sys.stderr, flush=True)
-                    stop(children, grace)
-                    return 1
-                return statuses[failed]
-            if all(s == 0 for s in statuses):
-                return 0
+            if None not in statuses:
+                return next((s for s in statuses if s), 0) if failed is None else statuses[failed]
+            if failed is None:
+                failed = next((i for i, s in enumerate(statuses) if s not in (None, 0)), None)
+                since = time.time()
+            if failed is not None and (statuses[failed] < 0 or time.time() - since > grace):
+                print(f"error: process {failed} of {processes} {exit_reason(statuses[failed])}; "
+                      "stopping the others", file=sys.stderr, flush=True)
+                stop(children, grace)
+                return 1
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         stop(children, grace)
@@ -95,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, required=True, help="processes to start")
     parser.add_argument("--devices", type=int, default=1, help="host (CPU) devices per process")
     parser.add_argument("--grace", type=float, default=10.0,
-                        help="seconds the other processes get to stop after one is lost")
+                        help="seconds the others get to end by themselves after one fails, then to stop")
+    parser.add_argument("--module", default="experiments.run", help="the module each process runs")
     options = parser.parse_args(argv[:split])
     if options.processes < 1 or options.devices < 1:
         sys.exit("error: --processes and --devices must be at least 1")
-    return launch(options.processes, options.devices, argv[split + 1:], options.grace)
+    return launch(options.processes, options.devices, argv[split + 1:], options.grace, options.module)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,10 @@ def main(argv: list[str]) -> None:
         with run_dir:
             job.run(config, run_dir)
     except USER_ERRORS as e:
-        sys.exit(f"error: {e}")
+        import jax
+
+        # every process of a multi-process job meets the same error: process 0 says it
+        sys.exit(f"error: {e}" if jax.process_index() == 0 else 1)
     print(f"done: {run_dir.path}")
 
 
