@@ -889,9 +889,9 @@ def bench_distributed(args: argparse.Namespace) -> float:
     import subprocess
     import sys
 
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
-    env = {**os.environ, "XLA_FLAGS": " ".join(flags + ["--xla_force_host_platform_device_count=1"])}
+    from experiments.launch_local import with_host_devices
+
+    env = with_host_devices(dict(os.environ), 1)
     rate = ["-m", "experiments.rollout_rate", f"--groups={args.groups}", "--rounds=3"]
     jobs = {1: [sys.executable, *rate, "--shards=1"],
             2: [sys.executable, "-m", "experiments.launch_local", "--processes=2", "--devices=1",

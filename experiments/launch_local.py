@@ -34,13 +34,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def with_host_devices(env: dict[str, str], devices: int) -> dict[str, str]:
+    """`env` with XLA_FLAGS asking for `devices` host (CPU) devices, replacing any other count there."""
+    flags = [f for f in env.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    return {**env, "XLA_FLAGS": " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])}
+
+
 def process_env(base: dict[str, str], coordinator: str, processes: int, process: int,
                 devices: int) -> dict[str, str]:
-    """`base` with the launcher's variables and this process's host device count (replacing any other)."""
-    flags = [f for f in base.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
-    return {**base, COORDINATOR: coordinator, PROCESSES: str(processes), PROCESS_ID: str(process),
-            "XLA_FLAGS": " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])}
+    """`base` with the launcher's variables and this process's host device count."""
+    return with_host_devices({**base, COORDINATOR: coordinator, PROCESSES: str(processes),
+                              PROCESS_ID: str(process)}, devices)
 
 
 def exit_reason(status: int) -> str:
@@ -65,7 +70,8 @@ def launch(processes: int, devices: int, run_args: list[str], grace: float, modu
                 failed = next((i for i, s in enumerate(statuses) if s not in (None, 0)), None)
                 since = time.time()
             if failed is not None and (statuses[failed] < 0 or time.time() - since > grace):
-                print(f"error: process {failed} of {processes} {exit_reason(statuses[failed])}; "
+                # on a line of its own: a progress bar may have left the cursor mid-line
+                print(f"\nerror: process {failed} of {processes} {exit_reason(statuses[failed])}; "
                       "stopping the others", file=sys.stderr, flush=True)
                 stop(children, grace)
                 return 1

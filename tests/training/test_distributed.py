@@ -19,32 +19,27 @@ import time
 import numpy as np
 import pytest
 
+from experiments.launch_local import with_host_devices
 from scope_jax.distributed import Shards
-from tests.conftest import COMPILE_FAST
 from tests.training.test_loop import DETERMINISTIC
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RTOL = 1e-5
 LOST_BOUND_S = 30  # the launcher's grace (10 s) to stop the others, plus polling and process exit
+ENV = dict(os.environ)  # with tests/conftest.py's XLA flags and compilation cache; the device count is replaced
 RUN = ["--config=experiments/configs/target_word.py", "--config.mesh.data=-1", "--config.rollout.shards=2"]
 
 
-def env(devices: int | None = None) -> dict[str, str]:
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")] + [COMPILE_FAST]
-    if devices:
-        flags.append(f"--xla_force_host_platform_device_count={devices}")
-    return {**os.environ, "XLA_FLAGS": " ".join(flags)}
-
-
 def one_process(module: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env(devices=2),
+    """`module` on one process of 2 CPU devices."""
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=with_host_devices(ENV, 2),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def two_processes(module: str, *args: str) -> subprocess.Popen:
+    """`module` on 2 processes of 1 CPU device each (the launcher sets the device count)."""
     return subprocess.Popen([sys.executable, "-m", "experiments.launch_local", "--processes=2", "--devices=1",
-                             f"--module={module}", "--", *args], cwd=ROOT, env=env(),
+                             f"--module={module}", "--", *args], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
