@@ -36,7 +36,7 @@ T, R = TypeVar("T"), TypeVar("R")
 
 # Set by experiments.launch_local for each process it starts (unset: the cluster's environment decides).
 COORDINATOR, PROCESSES, PROCESS_ID = "SCOPE_JAX_COORDINATOR", "SCOPE_JAX_PROCESSES", "SCOPE_JAX_PROCESS_ID"
-HEARTBEAT_TIMEOUT_S = 20  # a process that stops answering is declared lost after this long
+HEARTBEAT_TIMEOUT_S = 60  # a process that stops answering is declared lost after this long
 
 
 def initialize() -> None:
