@@ -19,6 +19,9 @@ from scope_jax.training.setup import build
 from scope_jax.training.state import state_shardings
 
 SHARDS = 2
+# Replies this long make the views straddle role_batch's 64-token multiple: in some step one process's rows
+# pad to 64 and the other's to 128, which the length the processes agree on must reconcile.
+MAX_NEW_TOKENS = 15
 
 
 def main() -> None:
@@ -31,7 +34,7 @@ def main() -> None:
     if args.distributed:
         distributed.initialize()
     config = runpy.run_path("experiments/configs/target_word.py")["get_config"](args.mode)
-    config.mesh.data, config.rollout.shards = -1, SHARDS
+    config.mesh.data, config.rollout.shards, config.sampling.max_new_tokens = -1, SHARDS, MAX_NEW_TOKENS
     setup = build(config)
     state = sharding.place(setup.state, state_shardings(setup.state, setup.mesh))
     out, batches, metrics = pathlib.Path(args.out), {}, []
