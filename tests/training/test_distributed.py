@@ -86,6 +86,7 @@ def test_shards_split_the_groups_over_the_processes_whole_and_in_order():
         Shards(3, processes=2, process=0)
 
 
+@pytest.mark.slow
 def test_two_processes_play_the_global_batch_and_metrics_of_one(tmp_path):
     steps_on_one_and_two_processes(tmp_path, "frozen")
 
