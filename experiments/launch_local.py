@@ -52,7 +52,8 @@ def exit_reason(status: int) -> str:
     return f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
 
 
-def launch(processes: int, devices: int, run_args: list[str], grace: float, module: str = "experiments.run") -> int:
+def launch(processes: int, devices: int, run_args: list[str], grace: float,
+           module: str = "experiments.run") -> int:
     """Run the job; its exit status."""
     coordinator = f"127.0.0.1:{free_port()}"
     args = [sys.executable, "-m", module, *run_args]

@@ -80,7 +80,8 @@ class Shards:
         mine = self.mine()
         return range(self.items(mine.start, n).start, self.items(mine.stop - 1, n).stop)
 
-    def run(self, items: Sequence[T], key: jax.Array, play: Callable[[list[T], jax.Array], list[R]]) -> list[R]:
+    def run(self, items: Sequence[T], key: jax.Array,
+            play: Callable[[list[T], jax.Array], list[R]]) -> list[R]:
         """`play(shard's items, fold_in(key, shard))` for each of this process's shards, results joined."""
         return [result for shard in self.mine()
                 for result in play([items[i] for i in self.items(shard, len(items))],
@@ -139,7 +140,8 @@ def local_view(tree: Any, mesh: Mesh) -> Any:
 
     def view(x: jax.Array) -> jax.Array:
         local = NamedSharding(mesh, x.sharding.spec)
-        return jax.make_array_from_single_device_arrays(x.shape, local, [s.data for s in x.addressable_shards])
+        shards = [s.data for s in x.addressable_shards]
+        return jax.make_array_from_single_device_arrays(x.shape, local, shards)
 
     return jax.tree.map(view, tree)
 

@@ -99,9 +99,9 @@ def speakers(setup: Setup, params: dict[str, Any]) -> Speakers:
 
 
 def cache_metrics(roles: Speakers) -> dict[str, float]:
-    """What the speakers' KV caches did in the step's rollout, summed over the roles and processes: views that were not
-    extensions of their cache (re-prefilled), tokens prefilled, tokens reused from a cache or a shared
-    prefix, and shared-prefix tokens (each prefilled once per group)."""
+    """What the speakers' KV caches did in the step's rollout, summed over the roles and the processes:
+    views that were not extensions of their cache (re-prefilled), tokens prefilled, tokens reused from a
+    cache or a shared prefix, and shared-prefix tokens (each prefilled once per group)."""
     stats = sum(distributed.gather(sum(map(cache_stats, roles.values()), CacheStats())), CacheStats())
     return {"rollout/cache_fallbacks": stats.fallbacks, "rollout/prefill_tokens": stats.prefilled,
             "rollout/reused_tokens": stats.reused, "rollout/shared_prefix_tokens": stats.shared}

@@ -104,5 +104,5 @@ def build(config: ml_collections.ConfigDict) -> Setup:
     local = lambda p: p if p is None else dataclasses.replace(
         p, params=distributed.local_view(p.params, rollout_mesh), mesh=rollout_mesh)
     sims = SimulatorModels(local(sims.agent), local(sims.members), tuple(map(local, sims.listed)))
-    return Setup(config, env, mode, local(agent), sims, [local(p) for p in eval_sims], state, step, step_config,
-                 mesh, rollout_mesh)
+    return Setup(config, env, mode, local(agent), sims, [local(p) for p in eval_sims], state, step,
+                 step_config, mesh, rollout_mesh)
