@@ -87,7 +87,8 @@ def evaluate(setup: Setup, params, key: jax.Array, step: int) -> dict[str, float
     results = {}
     for i, sim in enumerate(setup.eval_sims):
         episodes = make_episodes(setup, step, "eval", setup.config.train.eval_groups)
-        mine = play_shards(setup, episodes, {AGENT: agent, SIM: ModelSpeaker(sim)}, jax.random.fold_in(key, i))
+        players = {AGENT: agent, SIM: ModelSpeaker(sim)}
+        mine = play_shards(setup, episodes, players, jax.random.fold_in(key, i))
         results[f"heldout/{i}"] = float(np.mean(distributed.concatenated([e.rewards["agent"] for e in mine])))
     results["heldout_reward"] = float(np.mean(list(results.values())))
     return results

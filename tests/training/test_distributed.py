@@ -26,7 +26,8 @@ from tests.training.test_loop import DETERMINISTIC
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RTOL = 1e-5
 LOST_BOUND_S = 30  # the launcher's grace (10 s) to stop the others, plus polling and process exit
-ENV = dict(os.environ)  # with tests/conftest.py's XLA flags and compilation cache; the device count is replaced
+# tests/conftest.py's XLA flags and compilation cache; the device count is replaced
+ENV = dict(os.environ)
 RUN = ["--config=experiments/configs/target_word.py", "--config.mesh.data=-1", "--config.rollout.shards=2"]
 
 
@@ -98,12 +99,13 @@ def test_two_processes_match_one_with_a_trained_population(tmp_path):
 
 def test_groups_that_do_not_divide_over_the_processes_are_refused_in_one_line(tmp_path):
     job = two_processes("experiments.run", "--config=experiments/configs/target_word.py",
-                        f"--workdir={tmp_path / 'run'}", "--config.rollout.groups=3", "--config.rollout.shards=2")
+                        f"--workdir={tmp_path / 'run'}", "--config.rollout.groups=3",
+                        "--config.rollout.shards=2")
     out, err = job.communicate(timeout=300)
     assert job.returncode == 1
     errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert errors == ["error: config key 'rollout.groups' or 'rollout.shards': 3 scenario groups do not split "
-                      "into 2 shards (each process plays whole shards; see docs/distributed.md)"], err
+    assert errors == ["error: config key 'rollout.groups' or 'rollout.shards': 3 scenario groups do not "
+                      "split into 2 shards (each process plays whole shards; see docs/distributed.md)"], err
     assert "Traceback" not in err
 
 
@@ -118,7 +120,8 @@ def children(pid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_a_lost_process_stops_the_job_in_one_line_and_the_restarted_job_resumes_to_the_same_metrics(tmp_path):
-    args = [*RUN, "--config.train.steps=6", "--config.train.checkpoint_every=2", "--config.train.eval_every=3"]
+    args = [*RUN, "--config.train.steps=6", "--config.train.checkpoint_every=2",
+            "--config.train.eval_every=3"]
     finish(one_process("experiments.run", *args, f"--workdir={tmp_path / 'one'}"))
     killed = two_processes("experiments.run", *args, f"--workdir={tmp_path / 'two'}")
     checkpoint, deadline = tmp_path / "two" / "checkpoints" / "2", time.time() + 600
