@@ -75,11 +75,6 @@ class Shards:
         per = n // self.count
         return range(shard * per, (shard + 1) * per)
 
-    def my_items(self, n: int) -> range:
-        """The indices of this process's items among `n`: its shards' items, contiguous."""
-        mine = self.mine()
-        return range(self.items(mine.start, n).start, self.items(mine.stop - 1, n).stop)
-
     def run(self, items: Sequence[T], key: jax.Array,
             play: Callable[[list[T], jax.Array], list[R]]) -> list[R]:
         """`play(shard's items, fold_in(key, shard))` for each of this process's shards, results joined."""

@@ -78,7 +78,8 @@ def steps_on_one_and_two_processes(tmp_path: pathlib.Path, mode: str) -> None:
 
 def test_shards_split_the_groups_over_the_processes_whole_and_in_order():
     groups, size = 8, 3
-    rows = [list(Shards(4, processes=2, process=p).my_items(groups * size)) for p in range(2)]
+    shards = [Shards(4, processes=2, process=p) for p in range(2)]
+    rows = [[i for s in part.mine() for i in part.items(s, groups * size)] for part in shards]
     assert rows[0] + rows[1] == list(range(groups * size))  # process 0's rows, then process 1's
     for process_rows in rows:
         assert len(process_rows) % size == 0 and process_rows[0] % size == 0  # whole groups
