@@ -39,6 +39,8 @@ ever makes a run slower, and alternating exposes both sides to the same load.
               are the base model's: their difference is printed. Headline: SmolLM2. Without peft installed
               the reference column is nan (pip install peft).
   collapse    see `bench_collapse` (wall and process CPU time; the ratio is wall time over the budget).
+  distributed episodes/s of the RL step's rollout on 1 and on 2 processes of one CPU device each
+              (experiments.launch_local; the 2-process job shares the groups out in 2 shards): ratio=<2/1>.
   rl_step     one RL step of the target-word example config (experiments/configs/target_word.py, tiny
               random agent and simulator; --mode picks the simulator mode), run through the host loop's
               own functions: time split into rollout (reward timed on its own), advantages, batch building,
@@ -998,6 +1000,38 @@ def bench_rl_step(args: argparse.Namespace) -> float:
     return achieved / jax_peak
 
 
+@benchmark
+def bench_distributed(args: argparse.Namespace) -> float:
+    """Episodes/s of the RL step's rollout (experiments.rollout_rate: target_word, --groups groups) on one
+    process of one CPU device and on two such processes (experiments.launch_local, 2 shards); the jobs
+    alternate --repeats times and each keeps its best. Headline: 2 processes over 1."""
+    import subprocess
+    import sys
+
+    from experiments.launch_local import with_host_devices
+
+    env = with_host_devices(dict(os.environ), 1)
+    rate = ["-m", "experiments.rollout_rate", f"--groups={args.groups}", "--rounds=3"]
+    jobs = {1: [sys.executable, *rate, "--shards=1"],
+            2: [sys.executable, "-m", "experiments.launch_local", "--processes=2", "--devices=1",
+                "--module=experiments.rollout_rate", "--", *rate[2:], "--shards=2"]}
+    best: dict[int, dict] = {}
+    for _ in range(args.repeats):
+        for processes, command in jobs.items():
+            out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+            result = json.loads(out.strip().splitlines()[-1])
+            if result["episodes_per_s"] > best.get(processes, {}).get("episodes_per_s", 0.0):
+                best[processes] = result
+    rows = [("processes", "{}", "processes"), ("episodes", "{}", "episodes"),
+            ("best round s", "{:.3f}", "best_s"), ("first round s", "{:.2f}", "first_s"),
+            ("episodes/s", "{:.1f}", "episodes_per_s")]
+    print(f"\ndistributed: target_word rollout, {args.groups} groups x 4 episodes, 1 CPU device per process, "
+          f"{os.cpu_count()} cores; best of {args.repeats} alternating jobs x 3 rounds")
+    for label, fmt, key in rows:
+        print(f"{label:<15}" + "".join(f"{fmt.format(best[p][key]):>12}" for p in sorted(best)))
+    return best[2]["episodes_per_s"] / best[1]["episodes_per_s"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1016,6 +1050,7 @@ def main() -> None:
                         choices=["default", "quick", "data"], help="collapse: the configs to run")
     parser.add_argument("--collapse-keep", default=None,
                         help="collapse: keep the run directories in this folder (default: a temporary one)")
+    parser.add_argument("--groups", type=int, default=16, help="distributed: scenario groups per rollout")
     parser.add_argument("--mode", default="frozen",
                         help="rl_step: the simulator mode of experiments/configs/target_word.py")
     args = parser.parse_args()

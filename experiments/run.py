@@ -29,8 +29,9 @@ from scope_jax.training.train import TrainingStopped
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (with optional :ARG).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default runs/NAME-TIMESTAMP).")
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a finished run in --workdir.")
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Multi-host job: call jax.distributed.initialize() "
-                                 "first (coordinator and process ids come from the cluster environment).")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Multi-process job: join it first (coordinator and "
+                                 "process ids from experiments.launch_local's environment, or Slurm's or a "
+                                 "TPU VM's; see docs/distributed.md).")
 flags.mark_flag_as_required("config")
 
 # A bad config, run directory or checkpoint; a run stopped on purpose; a dialogue a view cannot follow.
@@ -58,9 +59,9 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if _DISTRIBUTED.value:
-        import jax
+        from scope_jax import distributed
 
-        jax.distributed.initialize()
+        distributed.initialize()
     config = _CONFIG.value
     try:
         job = prepare(config)
@@ -70,7 +71,10 @@ def main(argv: list[str]) -> None:
         with run_dir:
             job.run(config, run_dir)
     except USER_ERRORS as e:
-        sys.exit(f"error: {e}")
+        import jax
+
+        # every process of a multi-process job meets the same error: process 0 says it
+        sys.exit(f"error: {e}" if jax.process_index() == 0 else 1)
     print(f"done: {run_dir.path}")
 
 

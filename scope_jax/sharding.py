@@ -86,5 +86,18 @@ def data_parallel_size(mesh: Mesh) -> int:
     return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
 
 
+def place(tree: Any, shardings: Any) -> Any:
+    """`tree`'s arrays on `shardings`, each process writing its own shards from its host copy of the
+    values (which must be the same on every process). Unlike `jax.device_put`, this also builds arrays
+    whose devices span several processes; an array already on its target sharding is kept."""
+    def put(x, target: jax.sharding.Sharding) -> jax.Array:
+        if isinstance(x, jax.Array) and x.sharding == target:
+            return x
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, target, lambda index: host[index])
+
+    return jax.tree.map(put, tree, shardings)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())

@@ -143,7 +143,9 @@ def params_from_state_dict(config: ModelConfig, state_dict: Mapping[str, np.ndar
             value = np.stack([read(name.format(i=i), shape, transpose) for i in range(config.num_layers)])
         else:
             value = read(name, shape, transpose)
-        values.append(jax.device_put(value, sharding))
+        # make_array_from_callback, not device_put: on a mesh spanning processes each writes its own shards
+        values.append(jax.device_put(value) if sharding is None else
+                      jax.make_array_from_callback(value.shape, sharding, lambda index, v=value: v[index]))
     unused = sorted(set(state_dict) - used)
     if unused:
         warnings.warn(f"{source}: ignored {len(unused)} tensor(s) the {config.model_type} decoder does not "

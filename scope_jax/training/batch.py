@@ -72,10 +72,18 @@ class Batch:
 LENGTH_MULTIPLE = 64  # sequences are padded to a multiple of this, so batch shapes (and compiles) repeat
 
 
-def role_batch(views: Sequence[RoleView], advantages: np.ndarray, pad_id: int, members: int = 0) -> RoleBatch:
-    """The views [N] right-padded to the longest (rounded up to LENGTH_MULTIPLE) with their advantages [N];
-    with `members` P, reshaped to [P, N / P, L] (views ordered by member)."""
-    length = max(1, -(-max(len(v) for v in views) // LENGTH_MULTIPLE)) * LENGTH_MULTIPLE
+def padded_length(views: Sequence[RoleView]) -> int:
+    """The longest view's length rounded up to LENGTH_MULTIPLE (at least LENGTH_MULTIPLE)."""
+    return max(1, -(-max(len(v) for v in views) // LENGTH_MULTIPLE)) * LENGTH_MULTIPLE
+
+
+def role_batch(views: Sequence[RoleView], advantages: np.ndarray, pad_id: int, length: int | None = None,
+               members: int = 0) -> RoleBatch:
+    """The views [N] right-padded to `length` (default: `padded_length(views)`; no view may be longer)
+    with their advantages [N]; with `members` P, reshaped to [P, N / P, L] (views ordered by member)."""
+    length = padded_length(views) if length is None else length
+    if max(len(v) for v in views) > length:
+        raise ValueError(f"a view of {max(len(v) for v in views)} tokens does not fit length {length}")
     tokens = np.full((len(views), length), pad_id, np.int32)
     mask = np.zeros((len(views), length), np.float32)
     logprobs = np.zeros((len(views), length), np.float32)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+import jax
 import ml_collections
 
-from scope_jax import envs, sharding
+from scope_jax import distributed, envs, sharding
 from scope_jax.config import ConfigError
 from scope_jax.simulators.modes import SimulatorMode, make_mode
 from scope_jax.simulators.verbalized import VerbalizedConfig, verbalized_config
@@ -53,8 +54,10 @@ def default_config() -> ml_collections.ConfigDict:
         dict(dataclasses.asdict(VerbalizedConfig()), max_new_tokens=128))
     c.sampling = ml_collections.ConfigDict({"temperature": 1.0, "top_k": 0, "top_p": 1.0,
                                             "max_new_tokens": 8})
-    # kv_cache: model speakers keep per-row KV caches across a rollout's turns (False: re-prefill each turn)
-    c.rollout = ml_collections.ConfigDict({"groups": 4, "group_size": 4, "kv_cache": True})
+    # kv_cache: model speakers keep per-row KV caches across a rollout's turns (False: re-prefill each turn).
+    # shards: the step's groups (and evaluation groups, monitor probes) are played as this many rollouts,
+    # shared by the processes of a multi-process job (scope_jax.distributed; a multiple of their number)
+    c.rollout = ml_collections.ConfigDict({"groups": 4, "group_size": 4, "kv_cache": True, "shards": 1})
     c.algo = ml_collections.ConfigDict({
         "advantage": "grpo", "epsilon_low": 0.2, "epsilon_high": 0.2, "dual_clip": 0.0,
         "aggregation": "token_mean", "kl_coef": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0,
@@ -84,6 +87,7 @@ def check(config: ml_collections.ConfigDict) -> SimulatorMode:
         raise ConfigError(f"config key 'train.checkpoint_every' is {config.train.checkpoint_every}; it must "
                           "be at least 1 (the last step is always saved)")
     _check_rows(config, mode)
+    _check_shards(config)
     make_env(config.env)  # a missing or malformed data file stops the run here, in one line
     return mode
 
@@ -105,6 +109,7 @@ def _check_rows(config, mode: SimulatorMode) -> None:
     episodes, microbatches = config.rollout.groups * config.rollout.group_size, config.train.microbatches
     try:
         mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+        distributed.local_mesh(mesh)
     except ValueError as e:
         raise ConfigError(f"config group 'mesh': {e}") from None
     shards = sharding.data_parallel_size(mesh)
@@ -115,6 +120,19 @@ def _check_rows(config, mode: SimulatorMode) -> None:
                 f"config key 'rollout.groups' x 'rollout.group_size' gives {rows} {what}, which do not split "
                 f"into train.microbatches = {microbatches} micro-batches of a multiple of mesh.data x "
                 f"mesh.fsdp = {shards} rows")
+
+
+def _check_shards(config) -> None:
+    """Every shared piece of work splits into rollout.shards whole shards, and those over the processes."""
+    shards = config.rollout.shards
+    for key, n, what in (("rollout.groups", config.rollout.groups, "scenario groups"),
+                         ("train.eval_groups", config.train.eval_groups, "evaluation groups"),
+                         ("monitor.probe_contexts", config.monitor.probe_contexts, "probe contexts"),
+                         ("monitor.fork_contexts", config.monitor.fork_contexts, "fork contexts")):
+        why = distributed.refusal(what, n, shards, jax.process_count())
+        if why:
+            raise ConfigError(f"config key '{key}' or 'rollout.shards': {why} (each process plays whole "
+                              "shards; see docs/distributed.md)")
 
 
 def make_env(env_config: ml_collections.ConfigDict) -> envs.Environment:

@@ -38,7 +38,7 @@ def load_model(spec: str, *, words: tuple[str, ...] = (), dtype: str = "float32"
         graphdef, params = init(tiny_config(len(tokenizer)), seed=int(spec.split(":", 1)[1]),
                                 param_dtype=DTYPES[dtype], remat=remat)
         if mesh is not None:
-            params = jax.device_put(params, sharding.named_shardings(params, PARTITION_RULES, mesh))
+            params = sharding.place(params, sharding.named_shardings(params, PARTITION_RULES, mesh))
     else:
         _, (graphdef, params), tokenizer = from_pretrained(spec, dtype=DTYPES[dtype], mesh=mesh, remat=remat)
         if tokenizer is None:

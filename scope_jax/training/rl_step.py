@@ -6,6 +6,10 @@ The step's scenarios and rollout keys are functions of (seed, step) and the stat
 resumed from a checkpoint repeats exactly the steps an uninterrupted run would have taken. What the
 simulator side does is the mode's (`setup.mode`): who voices each episode, how the simulator answers,
 and whether its turns enter the update.
+
+The step's groups are played as `rollout.shards` rollouts (shard s with the key fold_in(key, s)), which the
+processes of a multi-process job share (`scope_jax.distributed`): each plays its shards, its rows join
+the global batch, and the step's statistics are computed over every process's episodes.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scope_jax import distributed
 from scope_jax.algorithms import ADVANTAGES
 from scope_jax.dialogue.episode import AGENT, ROLES, SIM, Episode
 from scope_jax.dialogue.rollout import Speakers, rollout
@@ -27,7 +32,7 @@ from scope_jax.kv_cache import CacheStats
 from scope_jax.simulators import verbalized
 from scope_jax.simulators.modes import objective as sim_objective
 from scope_jax.training import monitor
-from scope_jax.training.batch import Batch, role_batch
+from scope_jax.training.batch import Batch, padded_length, role_batch
 from scope_jax.training.setup import Setup
 from scope_jax.training.state import JointState
 
@@ -36,9 +41,10 @@ def rl_step(setup: Setup, state: JointState, step: int) -> tuple[JointState, dic
     """Train step `step`: play its episodes with the state's players, and update the state on them."""
     start = time.perf_counter()
     roles = speakers(setup, state.params)
-    episodes = play_episodes(setup, state, step, roles)
+    mine = play_episodes(setup, state, step, roles)
     played = time.perf_counter()
-    batch = make_batch(setup, episodes, role_advantages(setup, episodes))
+    batch = make_batch(setup, mine, role_advantages(setup, mine))
+    episodes = distributed.concatenated(mine)
     batched = time.perf_counter()
     state, update = setup.update(state, batch)
     update = jax.device_get(update)
@@ -53,14 +59,24 @@ def rl_step(setup: Setup, state: JointState, step: int) -> tuple[JointState, dic
 
 def play_episodes(setup: Setup, state: JointState, step: int,
                   roles: Speakers | None = None) -> list[Episode]:
-    """The episodes of train step `step`, played to the end (rewards filled in) by `roles` (default: the
-    state's players)."""
+    """This process's episodes of train step `step` (all of them in a 1-process run), played to the end
+    (rewards filled in) by `roles` (default: the state's players)."""
     episodes = make_episodes(setup, step, "train", setup.config.rollout.groups)
-    return rollout(setup.env, episodes, roles or speakers(setup, state.params), rollout_key(state, step))
+    return play_shards(setup, episodes, roles or speakers(setup, state.params), rollout_key(state, step))
+
+
+def play_shards(setup: Setup, episodes: list[Episode], roles: Speakers, key: jax.Array) -> list[Episode]:
+    """This process's shards of `episodes` (whole groups each), each played as one rollout; returns them."""
+    return shards(setup).run(episodes, key, lambda part, k: rollout(setup.env, part, roles, k))
+
+
+def shards(setup: Setup) -> distributed.Shards:
+    return distributed.Shards(setup.config.rollout.shards)
 
 
 def rollout_key(state: JointState, step: int) -> jax.Array:
-    return jax.random.fold_in(jax.random.wrap_key_data(state.rng), step)
+    """The step's key, on this process (the state's key sits on the global mesh)."""
+    return jax.random.fold_in(jax.random.wrap_key_data(jax.device_get(state.rng)), step)
 
 
 def make_episodes(setup: Setup, step: int, split: str, groups: int) -> list[Episode]:
@@ -77,15 +93,16 @@ def make_episodes(setup: Setup, step: int, split: str, groups: int) -> list[Epis
 
 def speakers(setup: Setup, params: dict[str, Any]) -> Speakers:
     """Who speaks each role with the parameters `params` (a joint state's)."""
+    params = setup.rollout_params(params)
     agent = dataclasses.replace(setup.agent, params=params["agent"])
     return {AGENT: ModelSpeaker(agent), SIM: setup.mode.speaker(setup.sims, params)}
 
 
 def cache_metrics(roles: Speakers) -> dict[str, float]:
-    """What the speakers' KV caches did in the step's rollout, summed over the roles: views that were not
-    extensions of their cache (re-prefilled), tokens prefilled, tokens reused from a cache or a shared
-    prefix, and shared-prefix tokens (each prefilled once per group)."""
-    stats = sum(map(cache_stats, roles.values()), CacheStats())
+    """What the speakers' KV caches did in the step's rollout, summed over the roles and the processes:
+    views that were not extensions of their cache (re-prefilled), tokens prefilled, tokens reused from a
+    cache or a shared prefix, and shared-prefix tokens (each prefilled once per group)."""
+    stats = sum(distributed.gather(sum(map(cache_stats, roles.values()), CacheStats())), CacheStats())
     return {"rollout/cache_fallbacks": stats.fallbacks, "rollout/prefill_tokens": stats.prefilled,
             "rollout/reused_tokens": stats.reused, "rollout/shared_prefix_tokens": stats.shared}
 
@@ -113,13 +130,15 @@ def role_advantages(setup: Setup, episodes: list[Episode]) -> dict[str, np.ndarr
 
 
 def make_batch(setup: Setup, episodes: list[Episode], advantages: dict[str, np.ndarray]) -> Batch:
-    """The train step's batch from each trained role's grown views: the agent's [N, L], the simulators'
-    [P, M, L] (episode e in slice e.sim_index) when the simulator role trains."""
+    """The train step's global batch on the mesh from each trained role's grown views of this process's
+    `episodes` (its rows at its block; every process pads to the same length): the agent's [N, L], the
+    simulators' [P, M, L] (episode e in slice e.sim_index) when the simulator role trains."""
     views = lambda role, order: [episodes[i].views.get(role) or RoleView() for i in order]
-    everyone = range(len(episodes))
-    agent = role_batch(views(AGENT, everyone), advantages["agent"], setup.agent.sampling.pad_token_id)
+    length = lambda views: distributed.agreed_max(padded_length(views))
+    everyone = views(AGENT, range(len(episodes)))
+    agent = role_batch(everyone, advantages["agent"], setup.agent.sampling.pad_token_id, length(everyone))
     if not setup.mode.sim_trains:
-        return Batch(agent=agent)
+        return Batch(agent=distributed.global_rows(agent, setup.mesh))
     members = setup.mode.members
     indices = np.asarray([e.sim_index for e in episodes])
     counts = np.bincount(indices, minlength=members)
@@ -127,9 +146,11 @@ def make_batch(setup: Setup, episodes: list[Episode], advantages: dict[str, np.n
         raise ValueError(f"simulator assignment is unbalanced ({counts.tolist()} episodes per member)")
     order = np.argsort(indices, kind="stable")
     sim = setup.mode.sim_player(setup.sims)
-    sims = role_batch(views(SIM, order), advantages["sims"][order], sim.sampling.pad_token_id,
+    sim_views = views(SIM, order)
+    sims = role_batch(sim_views, advantages["sims"][order], sim.sampling.pad_token_id, length(sim_views),
                       members=members)
-    return Batch(agent=agent, sims=sims)
+    return Batch(agent=distributed.global_rows(agent, setup.mesh),
+                 sims=distributed.global_rows(sims, setup.mesh, axis=1))
 
 
 def episode_stats(episodes: list[Episode]) -> dict[str, float]:

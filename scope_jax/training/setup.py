@@ -4,6 +4,9 @@ The simulator mode (`scope_jax.simulators.modes`) says which models its simulato
 parameters train; this module loads those models onto the run's mesh, puts the agent's and the stacked
 simulators' parameters into one joint state, labels the optimizer's frozen parts, keeps a KL reference
 for each role with a KL weight, and builds the one train step.
+
+In a multi-process job the state and the train step live on the global mesh, and each process plays its
+rollouts on its own part of it (`rollout_mesh`): the players hold views of their parameters there.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from scope_jax import envs, sharding
+from scope_jax import distributed, envs, sharding
 from scope_jax.dialogue.speakers import Player
 from scope_jax.sampling import SamplingConfig
 from scope_jax.simulators.modes import SimulatorMode, SimulatorModels
@@ -29,7 +32,9 @@ from scope_jax.training.train_step import TrainStep, TrainStepConfig, compile_tr
 @dataclasses.dataclass
 class Setup:
     """The run's fixed parts. `agent` and the models in `sims` hold their initial parameters; the current
-    ones are the joint state's. `state` is the initial joint state; `update` is the compiled train step."""
+    ones are the joint state's. `state` is the initial joint state; `update` is the compiled train step.
+    The players generate on `rollout_mesh`, this process's devices of `mesh` (all of it in a 1-process
+    run), with their parameters viewed there."""
 
     config: ml_collections.ConfigDict
     env: envs.Environment
@@ -40,8 +45,13 @@ class Setup:
     state: joint.JointState
     train_step: TrainStep
     step_config: TrainStepConfig
-    mesh: jax.sharding.Mesh  # every player's parameters sit on it, and its generate calls shard rows over it
+    mesh: jax.sharding.Mesh  # the state and the train step's batch sit on it
+    rollout_mesh: jax.sharding.Mesh  # the players' generate calls shard rows over it
     _compiled: Any = None
+
+    def rollout_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A joint state's `params` as the players use them, on `rollout_mesh` (no copy)."""
+        return distributed.local_view(params, self.rollout_mesh)
 
     def update(self, state: joint.JointState, batch: Batch) -> tuple[joint.JointState, dict[str, Any]]:
         """The jitted train step on the mesh (compiled at its first batch; the state is donated)."""
@@ -90,4 +100,9 @@ def build(config: ml_collections.ConfigDict) -> Setup:
     trained_sim = mode.sim_player(sims)
     sim_graphdef = trained_sim.graphdef if trained_sim is not None else None
     step = make_train_step(agent.graphdef, sim_graphdef, optimizer, step_config)
-    return Setup(config, env, mode, agent, sims, eval_sims, state, step, step_config, mesh)
+    rollout_mesh = distributed.local_mesh(mesh)
+    local = lambda p: p if p is None else dataclasses.replace(
+        p, params=distributed.local_view(p.params, rollout_mesh), mesh=rollout_mesh)
+    sims = SimulatorModels(local(sims.agent), local(sims.members), tuple(map(local, sims.listed)))
+    return Setup(config, env, mode, local(agent), sims, [local(p) for p in eval_sims], state, step,
+                 step_config, mesh, rollout_mesh)

@@ -15,14 +15,14 @@ import jax
 import ml_collections
 import numpy as np
 
+from scope_jax import distributed, sharding
 from scope_jax.dialogue.episode import AGENT, SIM, Episode
-from scope_jax.dialogue.rollout import rollout
 from scope_jax.dialogue.speakers import ModelSpeaker
 from scope_jax.dialogue.transcript import transcript
 from scope_jax.training import monitor
 from scope_jax.training import state as joint
 from scope_jax.training.checkpoint import Checkpointer, config_fingerprint
-from scope_jax.training.rl_step import make_episodes, rl_step, rollout_key, speakers
+from scope_jax.training.rl_step import make_episodes, play_shards, rl_step, rollout_key, shards, speakers
 from scope_jax.training.run_dir import RunDir
 from scope_jax.training.setup import Setup, build
 
@@ -36,7 +36,7 @@ def train(config: ml_collections.ConfigDict, run_dir: RunDir) -> tuple[joint.Joi
     setup = build(config)
     ckpt = Checkpointer(run_dir.path / "checkpoints", config_fingerprint(config.to_dict()))
     state, start, skips = _start(setup, ckpt, run_dir)
-    probes = monitor.Monitor(setup.env, config.monitor, setup.agent, config.seed)
+    probes = monitor.Monitor(setup.env, config.monitor, setup.agent, config.seed, shards(setup))
     metrics: dict[str, float] = {}
     for step in run_dir.progress(range(start, config.train.steps), desc="train",
                                  total=config.train.steps - start):
@@ -62,7 +62,7 @@ def _start(setup: Setup, ckpt: Checkpointer, run_dir: RunDir) -> tuple[joint.Joi
     """(state, first step, consecutive skipped steps): the latest checkpoint's, or the initial state's."""
     shardings = joint.state_shardings(setup.state, setup.mesh)
     if ckpt.latest_step() is None:
-        return jax.device_put(setup.state, shardings), 0, 0
+        return sharding.place(setup.state, shardings), 0, 0
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), setup.state,
                             shardings)
     state, host = ckpt.restore(abstract)
@@ -75,19 +75,21 @@ def evaluation(setup: Setup, probes: monitor.Monitor, state: joint.JointState, s
     """Held-out rewards and the monitor's costly estimates, with the state's current players."""
     key = rollout_key(state, step)
     return {**evaluate(setup, state.params, jax.random.fold_in(key, 1), step),
-            **probes.costly(speakers(setup, state.params), setup.mode.probe(setup.sims, state.params),
+            **probes.costly(speakers(setup, state.params),
+                            setup.mode.probe(setup.sims, setup.rollout_params(state.params)),
                             jax.random.fold_in(key, 2))}
 
 
 def evaluate(setup: Setup, params, key: jax.Array, step: int) -> dict[str, float]:
     """Mean agent reward against each held-out simulator on the eval split (heldout/i is
-    config.eval.sim_models[i])."""
+    config.eval.sim_models[i]), over every process's shards."""
     agent = speakers(setup, params)[AGENT]
     results = {}
     for i, sim in enumerate(setup.eval_sims):
         episodes = make_episodes(setup, step, "eval", setup.config.train.eval_groups)
-        rollout(setup.env, episodes, {AGENT: agent, SIM: ModelSpeaker(sim)}, jax.random.fold_in(key, i))
-        results[f"heldout/{i}"] = float(np.mean([e.rewards["agent"] for e in episodes]))
+        players = {AGENT: agent, SIM: ModelSpeaker(sim)}
+        mine = play_shards(setup, episodes, players, jax.random.fold_in(key, i))
+        results[f"heldout/{i}"] = float(np.mean(distributed.concatenated([e.rewards["agent"] for e in mine])))
     results["heldout_reward"] = float(np.mean(list(results.values())))
     return results
 
