@@ -52,7 +52,8 @@ ever makes a run slower, and alternating exposes both sides to the same load.
               forward of a KL term runs inside the update), its row is the forward pass such a recompute
               would cost, marked as not part of the step.
 
-The sampler, rollout, train_step and sft headlines are SmolLM2's: without the SmolLM2 wheel they print ratio=nan.
+The sampler, rollout, train_step and sft headlines are SmolLM2's: without the SmolLM2 wheel they print
+ratio=nan.
 """
 
 from __future__ import annotations
@@ -802,7 +803,8 @@ def bench_sft(args: argparse.Namespace) -> float:
             headline = ratio
     print(f"\nsft: one LoRA SFT step (forward + backward + AdamW), rank {SFT_LORA['rank']}, alpha "
           f"{SFT_LORA['alpha']:g}, targets {'/'.join(SFT_LORA['targets'])}, batch {batch} x {length} "
-          f"(loss on the last 3/4 of each row), best of {args.repeats} alternating runs; ratio = peft s / ours s")
+          f"(loss on the last 3/4 of each row), best of {args.repeats} alternating runs; "
+          "ratio = peft s / ours s")
     print_table(rows, SFT_TABLE)
     return headline
 

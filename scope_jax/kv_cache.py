@@ -351,7 +351,8 @@ def _per_member(member, population: bool, params, arrays: CacheArrays, key: jax.
         return member(params, arrays, *rows, key)
     members = jnp.arange(rows[0].shape[0])
     keys = None if key is None else jax.vmap(lambda p: jax.random.fold_in(key, p))(members)
-    return jax.vmap(member, in_axes=(population_axes(params),) + (0,) * (len(rows) + 2))(params, arrays, *rows,
+    in_axes = (population_axes(params),) + (0,) * (len(rows) + 2)
+    return jax.vmap(member, in_axes=in_axes)(params, arrays, *rows,
                                                                                          keys)
 
 

@@ -301,9 +301,9 @@ def generate_population(graphdef: nnx.GraphDef, params: Params, prompt_tokens: j
                         mesh: Mesh | None = None) -> SampleOutput:
     """`generate` for P models of one architecture in one call, vmapped over P.
 
-    params: stacked [P, ...] (a LoRA population: P adapters over one base); prompt_tokens [P, B, P_len], prompt_lengths [P, B] (length 0 marks an
-    unused row, so members may have different numbers of prompts). Member p samples with
-    `fold_in(key, p)`, exactly as `generate(params[p], ..., fold_in(key, p))` would. Outputs carry [P].
+    params: stacked [P, ...] (a LoRA population: P adapters over one base); prompt_tokens [P, B, P_len],
+    prompt_lengths [P, B] (length 0 marks an unused row, so members may have different numbers of prompts).
+    Member p samples with `fold_in(key, p)`, exactly as `generate(params[p], ..., fold_in(key, p))` would. Outputs carry [P].
     With `mesh`, each member's rows are spread over its (data, fsdp) axes, as in `generate`.
     """
     chex.assert_rank([prompt_tokens, prompt_lengths], [3, 2])

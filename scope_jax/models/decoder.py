@@ -373,7 +373,8 @@ def population_axes(params: Params | Any) -> Any:
     return 0 if isinstance(params, dict) else params.population_axes()
 
 
-def _per_part(fn: Callable[[Any], Any], params: Params | Any, shared: Callable[[Any], Any] = lambda t: t) -> Any:
+def _per_part(fn: Callable[[Any], Any], params: Params | Any,
+              shared: Callable[[Any], Any] = lambda t: t) -> Any:
     """`params` with fn applied to each leaf of its stacked parts and `shared` to each shared part."""
     part = lambda axis, tree: shared(tree) if axis is None else jax.tree.map(fn, tree)
     return jax.tree.map(part, population_axes(params), params, is_leaf=lambda a: a is None)

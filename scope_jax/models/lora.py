@@ -232,7 +232,8 @@ def merge(graphdef: nnx.GraphDef, params: LoRAParams) -> tuple[nnx.GraphDef, Par
             scale = getattr(getattr(model.layers, owner), name).scale
             update = scale * jnp.einsum("lir,lro->lio", factors["lora_a"], factors["lora_b"],
                                         precision=jax.lax.Precision.HIGHEST)
-            merged["layers"][owner][name]["kernel"] = (kernel + update.astype(kernel.dtype)).astype(kernel.dtype)
+            merged_kernel = kernel + update.astype(kernel.dtype)
+            merged["layers"][owner][name]["kernel"] = merged_kernel.astype(kernel.dtype)
     return plain_graphdef, merged
 
 
@@ -269,7 +270,8 @@ def load_adapter(folder: str | os.PathLike) -> tuple[LoRAConfig, Params]:
     return config, adapter
 
 
-def load(folder: str | os.PathLike, graphdef: nnx.GraphDef, params: Params) -> tuple[nnx.GraphDef, LoRAParams]:
+def load(folder: str | os.PathLike, graphdef: nnx.GraphDef,
+         params: Params) -> tuple[nnx.GraphDef, LoRAParams]:
     """The saved adapter in `folder` on the plain model (graphdef, params); shapes are checked."""
     config, adapter = load_adapter(folder)
     lora_graphdef, fresh = init(graphdef, params, config)

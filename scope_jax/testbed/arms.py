@@ -90,7 +90,8 @@ class Arm:
         if self.mode == "verbalized" and self.start not in ("collapsed", "vs_fitted"):
             raise ValueError(f"arm {self.name}: Verbalized Sampling is the collapsed simulator's")
         if (self.start == "vs_fitted") != (self.mode == "verbalized" and self.data > 0):
-            raise ValueError(f"arm {self.name}: the fitted Verbalized Sampling arm and only it starts vs_fitted")
+            raise ValueError(f"arm {self.name}: the fitted Verbalized Sampling arm and only it starts "
+                             "vs_fitted")
         if (self.start in FITTED_STARTS or self.data_coef > 0) != (self.data > 0):
             raise ValueError(f"arm {self.name}: data dialogues go with a fitted start or a data anchor")
         if self.data_coef > 0 and self.mode != "cotrain":

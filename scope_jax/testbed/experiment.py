@@ -290,7 +290,8 @@ def fit(settings: Settings, pre: Pretrained, tab: Tabulator, graphdef, run_dir: 
                   for start, fits in _restore(cache).items()}
         progress("fitted simulators loaded from the run directory")
     else:
-        params = fit_to_data(Fitter(graphdef, config.fit_learning_rate), collapsed, dialogues, config, progress)
+        fitter = Fitter(graphdef, config.fit_learning_rate)
+        params = fit_to_data(fitter, collapsed, dialogues, config, progress)
         if run_dir.primary:
             _save(cache, {start: {str(n): p for n, p in fits.items()} for start, fits in params.items()})
     R = len(settings.seeds)
@@ -470,7 +471,8 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
         progress("pretraining agent and simulators")
         needs = list(settings.pretrain_for or settings.arms)
         pre = pretrain(settings.pretrain, settings.seeds, arms_lib.collapse_personas(needs),
-                       settings.heldout_seeds, selfplay=any(a.start == "selfplay" for a in needs), say=progress)
+                       settings.heldout_seeds, selfplay=any(a.start == "selfplay" for a in needs),
+                       say=progress)
         if run_dir.primary:
             _save(cache, pre._asdict())
     seconds = {"pretrain": time.perf_counter() - start}
