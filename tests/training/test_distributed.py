@@ -121,8 +121,9 @@ def children(pid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_a_lost_process_stops_the_job_in_one_line_and_the_restarted_job_resumes_to_the_same_metrics(tmp_path):
-    args = [*RUN, "--config.train.steps=6", "--config.train.checkpoint_every=2",
-            "--config.train.eval_every=3"]
+    # An evaluation before the kill (step 2) and one after the resume (step 4).
+    args = [*RUN, "--config.train.steps=4", "--config.train.checkpoint_every=2",
+            "--config.train.eval_every=2"]
     finish(one_process("experiments.run", *args, f"--workdir={tmp_path / 'one'}"))
     killed = two_processes("experiments.run", *args, f"--workdir={tmp_path / 'two'}")
     checkpoint, deadline = tmp_path / "two" / "checkpoints" / "2", time.time() + 600
