@@ -120,8 +120,9 @@ def make_train_step(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef | N
                 return loss, member_metrics
 
             ref_axes = None if sim_ref is None else population_axes(sim_ref)
-            losses, sim_metrics = jax.vmap(member_loss, in_axes=(population_axes(sim_params), ref_axes, 0, 0, 0, 0))(
-                sim_params, sim_ref, sim_batch, sim_w, data_batch, data_w)
+            in_axes = (population_axes(sim_params), ref_axes, 0, 0, 0, 0)
+            losses, sim_metrics = jax.vmap(member_loss, in_axes=in_axes)(sim_params, sim_ref, sim_batch, sim_w,
+                                                                         data_batch, data_w)
             total = total + jnp.sum(losses)
             metrics.update({f"sims/{k}": v for k, v in sim_metrics.items()})  # per member: [P]
         return total, metrics
