@@ -44,6 +44,7 @@ from scope_jax.training.players import load_model
 from scope_jax.training.run_dir import RunDir
 from scope_jax.training.sft_data import Buckets, dialogue_view, token_batch
 from scope_jax.training.sft_step import SFTStepConfig, compile_sft_step, make_sft_step
+from scope_jax.training.train import resume_or_place
 
 PARAMS = "agent"  # the joint state's key of the one trained model
 ADAPTER = "adapter"  # the run directory's folder of the trained LoRA adapter
@@ -177,19 +178,10 @@ def train_sft(config, run_dir: RunDir) -> Trained:
     evaluate = lambda state: {"heldout_nll": heldout_nll(graphdef, state.params[PARAMS], data.eval,
                                                          train.batch_size, pad_id, loss, summed)}
 
-    state = joint.create({PARAMS: params}, optimizer, seed=config.seed)
-    shardings = joint.state_shardings(state, mesh)
     ckpt = Checkpointer(run_dir.path / "checkpoints", config_fingerprint(config.to_dict()))
-    start = 0
-    if ckpt.latest_step() is None:
-        state = jax.device_put(state, shardings)
-    else:
-        abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
-                                shardings)
-        state, host = ckpt.restore(abstract)
-        start = host["step"]
-        run_dir.truncate_metrics(start)
-        print(f"resumed from step {start}")
+    state, host = resume_or_place(joint.create({PARAMS: params}, optimizer, seed=config.seed), mesh, ckpt,
+                                  run_dir)
+    start = 0 if host is None else host["step"]
     compiled, last = None, {}
     bar = run_dir.progress(range(start, train.steps), desc="sft", total=train.steps - start)
     for step in bar:

@@ -58,17 +58,24 @@ def train(config: ml_collections.ConfigDict, run_dir: RunDir) -> tuple[joint.Joi
     return state, metrics
 
 
-def _start(setup: Setup, ckpt: Checkpointer, run_dir: RunDir) -> tuple[joint.JointState, int, int]:
-    """(state, first step, consecutive skipped steps): the latest checkpoint's, or the initial state's."""
-    shardings = joint.state_shardings(setup.state, setup.mesh)
+def resume_or_place(state: joint.JointState, mesh, ckpt: Checkpointer,
+                    run_dir: RunDir) -> tuple[joint.JointState, dict | None]:
+    """The latest checkpoint's state and host counters (the run's metrics cut back to its step), or, with
+    no checkpoint, `state` placed on its shardings and None."""
+    shardings = joint.state_shardings(state, mesh)
     if ckpt.latest_step() is None:
-        return sharding.place(setup.state, shardings), 0, 0
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), setup.state,
-                            shardings)
+        return sharding.place(state, shardings), None
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
     state, host = ckpt.restore(abstract)
     run_dir.truncate_metrics(host["step"])
     print(f"resumed from step {host['step']}")
-    return state, host["step"], host["consecutive_skips"]
+    return state, host
+
+
+def _start(setup: Setup, ckpt: Checkpointer, run_dir: RunDir) -> tuple[joint.JointState, int, int]:
+    """(state, first step, consecutive skipped steps): the latest checkpoint's, or the initial state's."""
+    state, host = resume_or_place(setup.state, setup.mesh, ckpt, run_dir)
+    return (state, 0, 0) if host is None else (state, host["step"], host["consecutive_skips"])
 
 
 def evaluation(setup: Setup, probes: monitor.Monitor, state: joint.JointState, step: int) -> dict[str, float]:
