@@ -933,7 +933,7 @@ def bench_rl_step(args: argparse.Namespace) -> float:
         "rollout": (lambda: rl.play_episodes(setup, sample_state, step), "phase"),
         "reward": (lambda: [setup.env.rewards(episode) for episode in episodes], "in rollout"),
         "advantage": (lambda: rl.role_advantages(setup, episodes), "phase"),
-        "batch": (lambda: rl.make_batch(setup, episodes, advantages), "phase"),
+        "batch": (lambda: rl.make_batch(setup, episodes, advantages, step), "phase"),
         "logprobs": (lambda: jax.block_until_ready(recompute(state.params, batch)), "extra"),
         "update": (update, "phase"),
     }

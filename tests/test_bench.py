@@ -22,7 +22,7 @@ def test_recomputed_logprobs_match_the_samplers_on_every_trained_token():
     config = get_config("selfplay")  # one model plays and trains both roles: both batches are recomputed
     setup = build(config)
     episodes = rl_step.play_episodes(setup, setup.state, 0)
-    batch = rl_step.make_batch(setup, episodes, rl_step.role_advantages(setup, episodes))
+    batch = rl_step.make_batch(setup, episodes, rl_step.role_advantages(setup, episodes), 0)
     recomputed = jax.jit(functools.partial(recompute_logprobs, setup))(setup.state.params, batch)
     assert set(recomputed) == {"agent", "sims"}
     for role, role_batch in (("agent", batch.agent), ("sims", batch.sims)):

@@ -15,11 +15,11 @@ from experiments.jobs.p4g_proxy import default_config
 
 def get_config(arg: str = ""):
     config = default_config()
-    config.data.update(max_turns=4, max_length=640, eval_dialogues=16)
-    config.train.update(steps=40, batch_size=4, eval_every=20, checkpoint_every=10)
+    config.data.update(max_turns=4, max_length=640, eval_dialogues=32)
+    config.train.update(steps=200, batch_size=4, eval_every=50, checkpoint_every=25)
     config.lora.update(rank=8, alpha=16.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
     config.optimizer.update(learning_rate=2e-4, warmup_steps=10)
-    config.fidelity.update(dialogues=32, batch=32, max_turns=4, max_new_tokens=40)
+    config.fidelity.update(dialogues=64, batch=32, max_turns=4, max_new_tokens=40)
     if arg == "quick":
         config.data.update(max_turns=2, train_dialogues=8, eval_dialogues=4)
         config.train.update(steps=2, batch_size=2, eval_every=2, checkpoint_every=2)

@@ -1,7 +1,9 @@
 """Model specs -> players: what plays each role, from a config string.
 
 A spec is "tiny:SEED" (a tiny random word-level model over the environment's vocabulary), an HF folder,
-a .gguf file, or a known name such as "smollm2-135m-instruct" (see scope_jax.models.from_pretrained).
+a .gguf file, or a known name such as "smollm2-135m-instruct" (see scope_jax.models.from_pretrained); and
+"BASE+ADAPTER" is the model BASE with the LoRA adapter saved in the folder ADAPTER (`models.lora`), e.g.
+the P4G human proxy, "smollm2-135m-instruct+docs/results/p4g_proxy/adapter".
 Every player's chat template runs with thinking off (see `scope_jax.models.tokenizer.without_thinking`).
 """
 
@@ -15,7 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scope_jax import sharding
-from scope_jax.models import PARTITION_RULES, from_pretrained, init
+from scope_jax.models import PARTITION_RULES, from_pretrained, init, lora
 from scope_jax.models.hf import TOKENIZER_FILES
 from scope_jax.models.tiny import tiny_config, word_tokenizer
 from scope_jax.models.tokenizer import without_thinking
@@ -33,6 +35,14 @@ def load_model(spec: str, *, words: tuple[str, ...] = (), dtype: str = "float32"
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    if "+" in spec:
+        base, folder = spec.split("+", 1)
+        graphdef, params, tokenizer = load_model(base, words=words, dtype=dtype, remat=remat, mesh=mesh)
+        graphdef, params = lora.load(folder, graphdef, params)
+        if mesh is not None:
+            shardings = sharding.named_shardings(params.adapter, PARTITION_RULES, mesh)
+            params = params._replace(adapter=sharding.place(params.adapter, shardings))
+        return graphdef, params, tokenizer
     if spec.startswith("tiny:"):
         tokenizer = word_tokenizer(words)
         graphdef, params = init(tiny_config(len(tokenizer)), seed=int(spec.split(":", 1)[1]),

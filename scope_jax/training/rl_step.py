@@ -43,7 +43,7 @@ def rl_step(setup: Setup, state: JointState, step: int) -> tuple[JointState, dic
     roles = speakers(setup, state.params)
     mine = play_episodes(setup, state, step, roles)
     played = time.perf_counter()
-    batch = make_batch(setup, mine, role_advantages(setup, mine))
+    batch = make_batch(setup, mine, role_advantages(setup, mine), step)
     episodes = distributed.concatenated(mine)
     batched = time.perf_counter()
     state, update = setup.update(state, batch)
@@ -129,10 +129,11 @@ def role_advantages(setup: Setup, episodes: list[Episode]) -> dict[str, np.ndarr
     return advantages
 
 
-def make_batch(setup: Setup, episodes: list[Episode], advantages: dict[str, np.ndarray]) -> Batch:
+def make_batch(setup: Setup, episodes: list[Episode], advantages: dict[str, np.ndarray], step: int) -> Batch:
     """The train step's global batch on the mesh from each trained role's grown views of this process's
     `episodes` (its rows at its block; every process pads to the same length): the agent's [N, L], the
-    simulators' [P, M, L] (episode e in slice e.sim_index) when the simulator role trains."""
+    simulators' [P, M, L] (episode e in slice e.sim_index) when the simulator role trains, and the data
+    anchor's rows of train step `step` [P, M, L] when it has one."""
     views = lambda role, order: [episodes[i].views.get(role) or RoleView() for i in order]
     length = lambda views: distributed.agreed_max(padded_length(views))
     everyone = views(AGENT, range(len(episodes)))
@@ -149,8 +150,10 @@ def make_batch(setup: Setup, episodes: list[Episode], advantages: dict[str, np.n
     sim_views = views(SIM, order)
     sims = role_batch(sim_views, advantages["sims"][order], sim.sampling.pad_token_id, length(sim_views),
                       members=members)
+    data = None if setup.anchor is None else setup.anchor.rows(step, members, int(counts[0]))
     return Batch(agent=distributed.global_rows(agent, setup.mesh),
-                 sims=distributed.global_rows(sims, setup.mesh, axis=1))
+                 sims=distributed.global_rows(sims, setup.mesh, axis=1),
+                 sim_data=None if data is None else distributed.global_rows(data, setup.mesh, axis=1))
 
 
 def episode_stats(episodes: list[Episode]) -> dict[str, float]:

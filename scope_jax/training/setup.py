@@ -24,6 +24,7 @@ from scope_jax.simulators.modes import SimulatorMode, SimulatorModels
 from scope_jax.training import state as joint
 from scope_jax.training.batch import Batch
 from scope_jax.training.config import check, loss_config, make_env
+from scope_jax.training.data_anchor import DataAnchor
 from scope_jax.training.optimizer import OptimizerConfig, make_optimizer
 from scope_jax.training.players import load_model
 from scope_jax.training.train_step import TrainStep, TrainStepConfig, compile_train_step, make_train_step
@@ -47,6 +48,7 @@ class Setup:
     step_config: TrainStepConfig
     mesh: jax.sharding.Mesh  # the state and the train step's batch sit on it
     rollout_mesh: jax.sharding.Mesh  # the players' generate calls shard rows over it
+    anchor: DataAnchor | None = None  # the simulators' data anchor (sim.data_coef > 0)
     _compiled: Any = None
 
     def rollout_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -104,5 +106,7 @@ def build(config: ml_collections.ConfigDict) -> Setup:
     local = lambda p: p if p is None else dataclasses.replace(
         p, params=distributed.local_view(p.params, rollout_mesh), mesh=rollout_mesh)
     sims = SimulatorModels(local(sims.agent), local(sims.members), tuple(map(local, sims.listed)))
+    anchor = (DataAnchor.load(config.sim.data, env, trained_sim.tokenizer, config.seed)
+              if config.sim.data_coef else None)
     return Setup(config, env, mode, local(agent), sims, [local(p) for p in eval_sims], state, step,
-                 step_config, mesh, rollout_mesh)
+                 step_config, mesh, rollout_mesh, anchor)

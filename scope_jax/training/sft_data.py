@@ -55,9 +55,10 @@ def dialogue_view(env: Environment, episode: Episode, role: str,
     return view
 
 
-def token_batch(views: Sequence[RoleView], pad_id: int) -> TokenBatch:
-    """The views [N] right-padded as the RL batch pads them (`batch.role_batch`), as a TokenBatch."""
-    rows = role_batch(views, np.zeros(len(views)), pad_id)
+def token_batch(views: Sequence[RoleView], pad_id: int, length: int | None = None) -> TokenBatch:
+    """The views [N] right-padded as the RL batch pads them (`batch.role_batch`, to `length` or the
+    default padded length), as a TokenBatch."""
+    rows = role_batch(views, np.zeros(len(views)), pad_id, length)
     return TokenBatch(tokens=rows.tokens, positions=rows.positions, loss_mask=rows.loss_mask)
 
 

@@ -40,7 +40,7 @@ def main() -> None:
     out, batches, metrics = pathlib.Path(args.out), {}, []
     for step in range(args.steps):
         mine = rl_step.play_episodes(setup, state, step)  # the rollout rl_step plays next, played again
-        batch = rl_step.make_batch(setup, mine, rl_step.role_advantages(setup, mine))
+        batch = rl_step.make_batch(setup, mine, rl_step.role_advantages(setup, mine), step)
         for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
             batches[f"{step}/{sharding.path_string(path)}"] = np.asarray(
                 multihost_utils.process_allgather(leaf, tiled=True))

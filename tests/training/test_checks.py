@@ -62,14 +62,3 @@ def test_regret_is_refused_by_the_rl_step_too_saying_it_needs_a_best_response():
     with pytest.raises(ConfigError, match="best response") as error:
         role_advantages(setup, [episode, episode])
     assert "\n" not in str(error.value)
-
-
-def test_the_data_anchor_weight_reaches_the_simulators_loss():
-    """sim.data_coef becomes the simulators' LossConfig.data_coef in the built train step (the agent's
-    stays 0)."""
-    from scope_jax.training import setup as setup_lib
-
-    config = get_config("cotrain")
-    config.sim.data_coef, config.sim.data = 0.5, "p4g"
-    setup = setup_lib.build(config)
-    assert setup.step_config.sims.data_coef == 0.5 and setup.step_config.agent.data_coef == 0.0

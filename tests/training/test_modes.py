@@ -135,7 +135,7 @@ def test_self_play_updates_carry_the_simulator_roles_gradient():
     config.env.max_turns = 1
     setup = build(config)
     episodes = rl_step.play_episodes(setup, setup.state, 0)
-    batch = rl_step.make_batch(setup, episodes, rl_step.role_advantages(setup, episodes))
+    batch = rl_step.make_batch(setup, episodes, rl_step.role_advantages(setup, episodes), 0)
     assert batch.sims is not None and float(batch.sims.loss_mask.sum()) > 0
     advantage = lambda role_batch, a: role_batch.replace(advantages=jnp.full_like(role_batch.advantages, a))
     step = jax.jit(setup.train_step)

@@ -28,7 +28,7 @@ def rl_run():
 @pytest.mark.parametrize("role", ROLES)
 def test_sft_rows_equal_the_rl_batch_rows_of_the_same_dialogues(rl_run, role):
     setup, episodes = rl_run
-    batch = make_batch(setup, episodes, role_advantages(setup, episodes))
+    batch = make_batch(setup, episodes, role_advantages(setup, episodes), 0)
     rl_rows = batch.agent if role == AGENT else batch.sims
     player = setup.agent if role == AGENT else setup.mode.sim_player(setup.sims)
     views = [dialogue_view(setup.env, e, role, player.tokenizer) for e in episodes]
