@@ -1,16 +1,20 @@
-"""Write the README's testbed numbers from the committed artifacts: python -m experiments.readme.
+"""Write the README's result blocks from the committed artifacts: python -m experiments.readme.
 
-The block between the markers in README.md (`report.README_BEGIN` / `README_END`) is replaced by
-`readme_text()`: the default run's table and findings (docs/results/summary.json), the sweep's verdict
-on the objectives that do not see the users (sweep.json) and the data curve (data.json), each where
-committed; tests/testbed/test_readme.py fails when they differ.
+Each block of README.md between its two markers is replaced by its text:
+- testbed: the default run's table and findings (docs/results/summary.json), the sweep's verdict on the
+  objectives that do not see the users (sweep.json) and the data curve (data.json), each where committed;
+- p4g_proxy: the P4G human proxy's fidelity table (docs/results/p4g_proxy/fidelity.json).
+tests/test_readme.py fails when a block differs from its artifact.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
+from typing import Callable
 
+from experiments.jobs import p4g_proxy
 from scope_jax.testbed import data_report, report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -19,9 +23,10 @@ RESULTS = ROOT / "docs" / "results"
 SUMMARY = RESULTS / "summary.json"
 SWEEP = RESULTS / "sweep.json"
 DATA = RESULTS / "data.json"
+PROXY = RESULTS / "p4g_proxy" / "fidelity.json"
 
 
-def readme_text() -> str:
+def testbed_text() -> str:
     block = [report.readme_block(json.loads(SUMMARY.read_text()))]
     if SWEEP.exists() and (null := report.sweep_null_sentence(json.loads(SWEEP.read_text()))):
         block.append(f"- {null}")
@@ -30,9 +35,47 @@ def readme_text() -> str:
     return "\n".join(block)
 
 
+def proxy_text() -> str:
+    return p4g_proxy.fidelity_table(json.loads(PROXY.read_text()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    name: str
+    artifact: pathlib.Path
+    text: Callable[[], str]
+
+    @property
+    def begin(self) -> str:
+        return f"<!-- {self.name} results: python -m experiments.readme writes them from " \
+               f"{self.artifact.relative_to(ROOT)} -->"
+
+    @property
+    def end(self) -> str:
+        return f"<!-- end of {self.name} results -->"
+
+    def section(self, readme: str) -> str:
+        """The text between the markers."""
+        return readme.partition(self.begin)[2].partition(self.end)[0].strip("\n")
+
+    def replace(self, readme: str) -> str:
+        """`readme` with the text between the markers replaced by the block's text."""
+        head, begin, rest = readme.partition(self.begin)
+        _, end, tail = rest.partition(self.end)
+        if not begin or not end:
+            raise ValueError(f"README.md lacks the markers {self.begin!r} ... {self.end!r}")
+        return f"{head}{begin}\n{self.text()}\n{end}{tail}"
+
+
+BLOCKS = (Block("testbed", SUMMARY, testbed_text), Block("p4g_proxy", PROXY, proxy_text))
+
+
 def main() -> None:
-    README.write_text(report.replace_readme_block(README.read_text(), readme_text()))
-    print(f"README.md: testbed numbers written from {RESULTS.relative_to(ROOT)}")
+    readme = README.read_text()
+    for block in BLOCKS:
+        readme = block.replace(readme)
+    README.write_text(readme)
+    print(f"README.md: {', '.join(b.name for b in BLOCKS)} results written from {RESULTS.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

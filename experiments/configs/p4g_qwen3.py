@@ -1,8 +1,9 @@
 """P4G RL with Qwen3 models (0.6B, 1.7B, 4B, or any HF folder) as persuader and persuadee: GPU / TPU jobs.
 
 The argument is SIZE[:MODE] or FOLDER[:MODE]; the model folder defaults to /models/Qwen3-SIZE (override
-agent.model, eval.sim_models and the simulator key the mode reads, sim.model or sim.models, or pass the
-folder as the argument):
+agent.model and the simulator key the mode reads, sim.model or sim.models, or pass the folder as the
+argument). The held-out user is p4g_rl's, the P4G human proxy (SmolLM2 + its LoRA adapter), unless
+eval.sim_models says otherwise:
 
     python -m experiments.run --config=experiments/configs/p4g_qwen3.py:1.7b
     python -m experiments.run --config=experiments/configs/p4g_qwen3.py:4b:verbalized --config.mesh.fsdp=8

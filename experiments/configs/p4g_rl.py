@@ -2,41 +2,57 @@
 
 A short real run: a handful of GRPO steps, 2 personas x 4 rollouts per step, one turn per role plus the
 closing question, replies of at most 32 tokens. Curves, metrics and a few dialogues per eval
-(samples/step-S.jsonl) land in the run directory. The argument picks the simulator mode:
+(samples/step-S.jsonl) land in the run directory. The argument picks what the agent trains against:
 
-    python -m experiments.run --config=experiments/configs/p4g_rl.py             # frozen simulator
-    python -m experiments.run --config=experiments/configs/p4g_rl.py:verbalized  # Verbalized Sampling
-    python -m experiments.run --config=experiments/configs/p4g_rl.py:cotrain     # the persuadee trains too
-    python -m experiments.run --config=experiments/configs/p4g_rl.py:population  # 2 co-trained persuadees
-    python -m experiments.run --config=experiments/configs/p4g_rl.py:rotation    # 2 frozen persuadees in turn
-    python -m experiments.run --config=experiments/configs/p4g_rl.py:mixture     # the same, within each step
-    python -m experiments.run --config=experiments/configs/p4g_rl.py:selfplay    # one model plays both roles
+    python -m experiments.run --config=experiments/configs/p4g_rl.py               # frozen prompted simulator
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:verbalized    # Verbalized Sampling
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:cotrain       # the persuadee trains too
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:cotrain_data  # ... with a data anchor
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:proxy         # the frozen human proxy
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:population    # 2 co-trained persuadees
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:rotation      # 2 frozen persuadees in turn
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:mixture       # the same, within each step
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:selfplay      # one model plays both roles
 
-A trained persuadee is the agent's adversary (`sim.objective = "adversarial"`: its reward is minus the
-persuader's, so it learns to resist, kept near the persona-following model by the KL anchor); the
-"cooperative" objective would reward it for donating, which pushes it toward the agreeable persuadee that
-co-training is meant to break. A dialogue whose donation cannot be read gets `env.unreadable_reward`
-(counted as env/unreadable). Only one real model is available offline, so `rotation` and `mixture` take
-turns between two copies of SmolLM2 and `population` starts both members from it (they drift apart only as
-they train). Held-out evaluation plays the held-out personas (env split "eval") against a fresh SmolLM2.
+Held-out evaluation plays the held-out personas (env split "eval") against the P4G human proxy (`PROXY`:
+SmolLM2 with the LoRA adapter fine-tuned on the train split's human persuadees, docs/sft.md), whatever
+the agent trained against. A trained persuadee is the agent's adversary (`sim.objective =
+"adversarial"`: its reward is minus the persuader's, so it learns to resist, kept near the
+persona-following model by the KL anchor); the "cooperative" objective would reward it for donating,
+which pushes it toward the agreeable persuadee that co-training is meant to break. `cotrain_data` adds
+the data anchor: the persuadee's loss also has `sim.data_coef` x its NLL of the train split's human
+persuadee turns (`training.data_anchor`), at weight 1 (not tuned). A dialogue whose donation cannot be
+read gets `env.unreadable_reward` (counted as env/unreadable). Only one real model is available offline,
+so `rotation` and `mixture` take turns between two copies of SmolLM2 and `population` starts both members
+from it (they drift apart only as they train).
 """
+
+import pathlib
 
 from scope_jax.simulators.modes import sim_settings
 from scope_jax.training.config import default_config
 
 SMOLLM2 = "smollm2-135m-instruct"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PROXY = f"{SMOLLM2}+{ROOT / 'docs' / 'results' / 'p4g_proxy' / 'adapter'}"  # the human proxy: base+adapter
+# Arguments that are a simulator mode with sim settings of their own: (mode, those settings)
+VARIANTS = {"proxy": ("frozen", {"model": PROXY}),
+            "cotrain_data": ("cotrain", {"data_coef": 1.0, "data": "p4g_human:train"})}
 
 
 def get_config(mode: str = "frozen", model: str = SMOLLM2):
-    """The P4G RL config for simulator mode `mode`, with `model` (a spec: name, HF folder, .gguf) in both
-    roles, for the held-out simulator and for rotation; the larger-model configs start from this."""
+    """The P4G RL config for simulator mode (or `VARIANTS` entry) `mode`, with `model` (a spec: name, HF
+    folder, .gguf) in both roles and for rotation, the proxy as the held-out simulator; the larger-model
+    configs start from this."""
+    mode, variant = VARIANTS.get(mode, (mode, {}))
     config = default_config()
     config.env.update(name="p4g", max_turns=1, unreadable_reward=0.0)
     config.agent.update(model=model, max_context=1024)
     config.sim.update(sim_settings(mode, model=model, models=(model, model), population=2),
                       objective="adversarial")
+    config.sim.update(variant)
     config.algo.sim_kl_coef = 0.05  # keep a trained persuadee near the persona-following model
-    config.eval.sim_models = (model,)
+    config.eval.sim_models = (PROXY,)
     # top_p stays 1: the train step recomputes log-probs at the sampling temperature but cannot truncate
     config.sampling.update(temperature=0.7, top_p=1.0, max_new_tokens=32)
     config.verbalized.update(k=4, max_retries=0, max_new_tokens=128)

@@ -10,6 +10,10 @@ was stated):
   prompted  the model before fine-tuning: today's prompted simulator
   proxy     the fine-tuned model
 
+With `adapter` set to a saved adapter folder (`p4g_proxy.py:committed`: the committed one in
+docs/results/p4g_proxy/adapter) there is no training: the proxy is `model` + that adapter. fidelity.json
+records the sha256 of the proxy's adapter file, so a table can be traced to the adapter that made it.
+
 Both arms use the same personas, persuader turns and sampling keys. Each arm's readable donations are
 compared with those participants' real donations (`p4g_fidelity.arm_results`: donation rate, mean,
 histogram L1, KS, unreadable share, Spearman correlation with each participant's own donation). Two
@@ -21,7 +25,9 @@ dialogues.jsonl, and summary.md (the SFT curve and the table).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pathlib
 from typing import Callable
 
 import jax
@@ -36,6 +42,7 @@ from scope_jax.dialogue.speakers import ModelSpeaker, Player, ScriptedSpeaker
 from scope_jax.dialogue.transcript import transcript
 from scope_jax.envs.p4g import P4GEnv
 from scope_jax.envs.p4g_human import HumanDialogues
+from scope_jax.models import lora
 from scope_jax.sampling import SamplingConfig
 from scope_jax.training.players import load_model
 from scope_jax.training.run_dir import RunDir
@@ -44,6 +51,7 @@ from scope_jax.training.run_dir import RunDir
 def default_config() -> ml_collections.ConfigDict:
     c = sft.default_config()
     c.experiment = "p4g_proxy"
+    c.adapter = ""  # a saved adapter folder to evaluate instead of training one
     c.fidelity = ml_collections.ConfigDict({"dialogues": 32, "batch": 32, "max_turns": 4, "temperature": 1.0,
                                             "max_new_tokens": 40, "max_context": 2048, "distinct_n": 2})
     return c
@@ -54,6 +62,8 @@ def check(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config key 'role' is {config.role!r}; the proxy is the persuadee, 'sim'")
     if config.fidelity.dialogues % config.fidelity.batch:
         raise ConfigError("config key 'fidelity.dialogues' must be a multiple of 'fidelity.batch'")
+    if config.adapter and not (pathlib.Path(config.adapter) / lora.ADAPTER_FILE).is_file():
+        raise ConfigError(f"config key 'adapter' is {config.adapter!r}, which holds no {lora.ADAPTER_FILE}")
     sft.check(config)
 
 
@@ -123,8 +133,13 @@ def fidelity_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def evaluate(config, tokenizer, arms: dict[str, tuple], run_dir: RunDir) -> dict:
-    """The fidelity results of `arms` ({name: (graphdef, params)}) on the held-out participants."""
+def adapter_sha256(folder: str | pathlib.Path) -> str:
+    return hashlib.sha256((pathlib.Path(folder) / lora.ADAPTER_FILE).read_bytes()).hexdigest()
+
+
+def evaluate(config, tokenizer, arms: dict[str, tuple], run_dir: RunDir, adapter: pathlib.Path) -> dict:
+    """The fidelity results of `arms` ({name: (graphdef, params)}) on the held-out participants; `adapter`:
+    the proxy's adapter folder."""
     env, cases, heldout = heldout_cases(config)
     humans = np.array([case.scenario.donation for case in cases])
     fid = config.fidelity
@@ -136,7 +151,7 @@ def evaluate(config, tokenizer, arms: dict[str, tuple], run_dir: RunDir) -> dict
                "human_halves": half_against_half(heldout, config.seed),
                "sampling_noise": p4g_fidelity.noise_floor(humans, len(humans),
                                                           np.random.default_rng([config.seed, 2])),
-               "arms": {}}
+               "arms": {}, "adapter_sha256": adapter_sha256(adapter)}
     transcripts = []
     for arm, (graphdef, params) in arms.items():
         print(f"fidelity: {arm}", flush=True)
@@ -155,11 +170,17 @@ def evaluate(config, tokenizer, arms: dict[str, tuple], run_dir: RunDir) -> dict
 
 
 def run(config, run_dir: RunDir) -> None:
-    trained = sft.train_sft(config, run_dir)
-    base_graphdef, base_params, _ = load_model(config.model, dtype=config.dtype)
-    arms = {"prompted": (base_graphdef, base_params), "proxy": (trained.graphdef, trained.params)}
-    results = evaluate(config, trained.tokenizer, arms, run_dir)
-    lines = sft.summary_lines(config, trained, run_dir)
+    base_graphdef, base_params, tokenizer = load_model(config.model, dtype=config.dtype)
+    if config.adapter:
+        adapter = pathlib.Path(config.adapter)
+        proxy = lora.load(adapter, base_graphdef, base_params)
+        lines = [f"# The P4G human proxy `{config.model}` + `{adapter}` (no training)"]
+    else:
+        trained = sft.train_sft(config, run_dir)
+        adapter, proxy = run_dir.path / sft.ADAPTER, (trained.graphdef, trained.params)
+        lines = sft.summary_lines(config, trained, run_dir)
+    results = evaluate(config, tokenizer, {"prompted": (base_graphdef, base_params), "proxy": proxy}, run_dir,
+                       adapter)
     lines += ["", "## Fidelity on held-out participants", "",
               f"{config.fidelity.dialogues} held-out participants, one dialogue each at temperature "
               f"{config.fidelity.temperature} against their own human persuader's first "

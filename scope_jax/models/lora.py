@@ -272,11 +272,13 @@ def load_adapter(folder: str | os.PathLike) -> tuple[LoRAConfig, Params]:
 
 def load(folder: str | os.PathLike, graphdef: nnx.GraphDef,
          params: Params) -> tuple[nnx.GraphDef, LoRAParams]:
-    """The saved adapter in `folder` on the plain model (graphdef, params); shapes are checked."""
+    """The saved adapter in `folder` on the plain model (graphdef, params); shapes are checked, and the
+    adapter takes the dtype a fresh adapter of this model has (a float32 adapter on a bfloat16 base)."""
     config, adapter = load_adapter(folder)
     lora_graphdef, fresh = init(graphdef, params, config)
-    expected = jax.tree.map(lambda x: (x.shape, x.dtype), fresh.adapter)
-    found = jax.tree.map(lambda x: (x.shape, x.dtype), adapter)
+    expected = jax.tree.map(lambda x: x.shape, fresh.adapter)
+    found = jax.tree.map(lambda x: x.shape, adapter)
     if expected != found:
         raise ValueError(f"the adapter in {folder} does not fit this model: {found} != {expected}")
-    return lora_graphdef, fresh._replace(adapter=adapter)
+    return lora_graphdef, fresh._replace(adapter=jax.tree.map(lambda x, f: x.astype(f.dtype), adapter,
+                                                              fresh.adapter))

@@ -542,24 +542,6 @@ def sweep_null_sentence(sweep: dict[str, Any]) -> str | None:
             f"{'; '.join(parts)}; the frozen base simulator is {base:+.3f} above the frozen collapsed one.")
 
 
-README_BEGIN = "<!-- testbed results: python -m experiments.readme writes them from docs/results/ -->"
-README_END = "<!-- end of testbed results -->"
-
-
-def replace_readme_block(readme: str, block: str) -> str:
-    """`readme` with the text between the markers replaced by `block`."""
-    head, begin, rest = readme.partition(README_BEGIN)
-    _, end, tail = rest.partition(README_END)
-    if not begin or not end:
-        raise ValueError(f"README.md lacks the markers {README_BEGIN!r} ... {README_END!r}")
-    return f"{head}{begin}\n{block}\n{end}{tail}"
-
-
-def readme_section(readme: str) -> str:
-    """The text between the markers."""
-    return readme.partition(README_BEGIN)[2].partition(README_END)[0].strip("\n")
-
-
 def write(results: Results, run_dir: RunDir, sections: Sequence[Section] = ()) -> dict[str, Any]:
     """All figures, summary.json and summary.md (written last: it marks the run finished)."""
     run_dir.save_figure(main_figure(results), "main")

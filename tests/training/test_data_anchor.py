@@ -34,6 +34,7 @@ def anchored():
     config.sim.update(data_coef=1.0, data="p4g_human:train")
     config.rollout.update(groups=2, group_size=2)
     config.sampling.max_new_tokens = 4
+    config.eval.sim_models = ("tiny:2",)
     return build(config)
 
 

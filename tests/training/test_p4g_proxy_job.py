@@ -1,5 +1,6 @@
 """The P4G proxy job end to end with a tiny model (slow): SFT, then both arms against the replayed human
-persuaders of the same held-out participants, and the fidelity table, figure and dialogues written."""
+persuaders of the same held-out participants, and the fidelity table, figure and dialogues written; the
+saved adapter alone reproduces the table. And the committed proxy's table is its records'."""
 
 import json
 import pathlib
@@ -14,6 +15,7 @@ from scope_jax.training.run_dir import RunDir
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data" / "p4g"
+COMMITTED = ROOT / "docs" / "results" / "p4g_proxy"
 
 
 @pytest.mark.slow
@@ -43,3 +45,19 @@ def test_proxy_job_replays_the_human_persuaders_and_writes_the_fidelity_table(tm
         written = [text for role, text in human[personas[d["scenario"]].dialogue] if role == "agent"]
         assert said == written[:config.fidelity.max_turns]
         assert d["messages"][-2]["text"] == CLOSING_QUESTION or d["rewards"]["unreadable"] == 0.0
+
+    # the saved adapter, evaluated on its own (no training), gives the same table
+    config.adapter = str(tmp_path / "run" / "adapter")
+    with RunDir.create(tmp_path / "again", config) as run_dir:
+        p4g_proxy.run(config, run_dir)
+    assert results["adapter_sha256"] == p4g_proxy.adapter_sha256(config.adapter)
+    assert json.loads((tmp_path / "again" / "fidelity.json").read_text()) == results
+    assert not (tmp_path / "again" / "checkpoints").exists()  # nothing trained
+
+
+def test_the_committed_table_is_its_records_and_names_the_committed_adapter():
+    if not (COMMITTED / "fidelity.json").exists():
+        pytest.skip("the P4G proxy's fidelity table is not committed yet")
+    results = json.loads((COMMITTED / "fidelity.json").read_text())
+    assert (COMMITTED / "fidelity.md").read_text() == p4g_proxy.fidelity_table(results) + "\n"
+    assert p4g_proxy.adapter_sha256(COMMITTED / "adapter") == results["adapter_sha256"]
