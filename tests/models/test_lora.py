@@ -212,3 +212,23 @@ def test_bad_settings_are_refused():
         lora.LoRAConfig(targets=("q_proj", "qkv"))
     with pytest.raises(ValueError, match="distinct names among"):
         lora.LoRAConfig(targets=("q_proj", "q_proj"))
+
+
+def test_a_model_spec_base_plus_adapter_folder_loads_the_saved_adapter_on_the_base(tmp_path):
+    """"BASE+FOLDER" (a player's model spec, e.g. the P4G human proxy) is BASE with FOLDER's adapter, in the
+    base's dtype."""
+    from scope_jax.training.players import load_model
+
+    graphdef, base, _ = load_model("tiny:0")
+    _, fresh = lora.init(graphdef, base, EVERY, seed=1)
+    adapter = trained_like(fresh.adapter, 3)
+    lora.save_adapter(tmp_path, adapter, EVERY)
+    lora_graphdef, params, tokenizer = load_model(f"tiny:0+{tmp_path}")
+    assert isinstance(params, lora.LoRAParams) and tokenizer is not None
+    jax.tree.map(np.testing.assert_array_equal, params.adapter, adapter)
+    tokens, positions = tokens_and_positions(4, vocab=8)
+    expected, _ = jit_forward(*lora.merge(lora_graphdef, params._replace(base=base)), tokens, positions)
+    got, _ = jit_forward(lora_graphdef, params, tokens, positions)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5)
+    _, half, _ = load_model(f"tiny:0+{tmp_path}", dtype="bfloat16")
+    assert {x.dtype for x in jax.tree.leaves(half.adapter)} == {jnp.dtype(jnp.bfloat16)}
