@@ -9,10 +9,10 @@ closing question, replies of at most 32 tokens. Curves, metrics and a few dialog
     python -m experiments.run --config=experiments/configs/p4g_rl.py:cotrain       # the persuadee trains too
     python -m experiments.run --config=experiments/configs/p4g_rl.py:cotrain_data  # ... with a data anchor
     python -m experiments.run --config=experiments/configs/p4g_rl.py:proxy         # the frozen human proxy
-    python -m experiments.run --config=experiments/configs/p4g_rl.py:population    # 2 co-trained persuadees
-    python -m experiments.run --config=experiments/configs/p4g_rl.py:rotation      # 2 frozen persuadees in turn
-    python -m experiments.run --config=experiments/configs/p4g_rl.py:mixture       # the same, within each step
-    python -m experiments.run --config=experiments/configs/p4g_rl.py:selfplay      # one model plays both roles
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:population    # 2 co-trained ones
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:rotation      # 2 frozen, in turn
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:mixture       # 2 frozen, each step
+    python -m experiments.run --config=experiments/configs/p4g_rl.py:selfplay      # one model, both roles
 
 Held-out evaluation plays the held-out personas (env split "eval") against the P4G human proxy (`PROXY`:
 SmolLM2 with the LoRA adapter fine-tuned on the train split's human persuadees, docs/sft.md), whatever
