@@ -7,9 +7,10 @@ default  every arm of the comparison on 5 seeds: untrained, the two controls (fr
 all      the default plus mixture (the four collapsed simulators within every step) and Population
          Co-Training from the base model's persona modes.
 sweep    Co-Training like for like over the simulators' KL weight (0 included) and learning rate, with
-         the controls; the default's setting is chosen from it by the rule in
-         docs/results/README.md. It pretrains the default's models too, so that the default run can
-         resume from its pretraining and controls (docs/results/README.md says how).
+         the controls, for the adversarial and the regret objective; the default's setting is chosen
+         from the adversarial points by the rule in docs/results/README.md. It pretrains the default's
+         models too, so that the default run can resume from its pretraining and controls
+         (docs/results/README.md says how).
 data     the data curve: at N = 30, 100, 300, 1000 user dialogues, the fitted simulator (the control),
          Verbalized Sampling fitted and Co-Training with a data anchor (weights 1, 4, 16; the rule in
          docs/results/README.md picks one per N), with the default's controls; like the sweep it
@@ -46,6 +47,7 @@ def get_config(arg: str | None = None):
         config.pretrain_for = collapse.DEFAULT_ARMS
         config.sweep.kl_coefs = (0.0, 1.0, 2.0, 4.0, 8.0)
         config.sweep.sim_learning_rates = (1e-4, 5e-4, 2e-3)
+        config.sweep.objectives = ("adversarial", "regret")
     elif arg == "data":
         config.arms = ("untrained", "frozen", "frozen_base")
         config.pretrain_for = collapse.DEFAULT_ARMS

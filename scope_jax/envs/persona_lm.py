@@ -41,6 +41,7 @@ is a *success* when the persuadee gives at least $1, i.e. score >= 1 (reward >= 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import chex
@@ -197,14 +198,43 @@ class Dialogues(NamedTuple):
     repaired: jax.Array
 
 
+# An agent in a rollout: (tokens [B, L] in its view, decision states [B], turn t) -> its act distribution
+# [B, N_AGENT] at turn t. The decision state is `personas.state_index` of the history so far.
+AgentFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def transformer_agent(graphdef: nnx.GraphDef, params: Params) -> AgentFn:
+    """A transformer agent: a forward over its view, constrained to the agent's acts."""
+
+    def act(tokens: jax.Array, states: jax.Array, t: jax.Array) -> jax.Array:
+        logits = last_logits(graphdef, params, tokens, jnp.full((tokens.shape[0],), 2 * t))
+        return act_distribution(logits, AGENT0, N_AGENT)
+
+    return act
+
+
+def table_agent(policies: jax.Array, per_member: int) -> AgentFn:
+    """A tabular agent: policies [P, N_STATES, N_AGENT], row p playing the episodes member p answers."""
+    chex.assert_shape(policies, (None, personas.N_STATES, N_AGENT))
+    rows = jnp.repeat(jnp.arange(policies.shape[0]), per_member)
+    return lambda tokens, states, t: policies[rows, states]
+
+
 def rollout(agent_graphdef: nnx.GraphDef, agent_params: Params, sim_graphdef: nnx.GraphDef,
             sim_params: Params, cards: jax.Array, verbalized: jax.Array, key: jax.Array,
             members: int, per_member: int) -> Dialogues:
+    """`play` with a transformer agent."""
+    return play(transformer_agent(agent_graphdef, agent_params), sim_graphdef, sim_params, cards, verbalized,
+                key, members, per_member)
+
+
+def play(agent: AgentFn, sim_graphdef: nnx.GraphDef, sim_params: Params, cards: jax.Array,
+         verbalized: jax.Array, key: jax.Array, members: int, per_member: int) -> Dialogues:
     """Play P * M episodes: the agent against a population of P simulators (params stacked on axis 0).
 
     cards [P] int: each member's prompt card. verbalized: scalar bool (not batched): simulators answer
     by Verbalized Sampling (generate k pairs with `sampling.decode` and `VS_SAMPLING`, parse, sample
-    from the stated distribution; malformed -> direct). Turn t: agent forward over its view, constrained
+    from the stated distribution; malformed -> direct). Turn t: the agent's act distribution, constrained
     draw of a_t (ASK ends the episode); simulator forward over its view, draw of u_t. After TURNS
     strategies the ASK is forced.
     """
@@ -217,13 +247,14 @@ def rollout(agent_graphdef: nnx.GraphDef, agent_params: Params, sim_graphdef: nn
     column = jnp.arange(L)
     put = lambda x, where, value: jnp.where(column == where, value[:, None], x)  # x[:, where] = value
 
+    offsets = jnp.asarray(personas.LEVEL_OFFSETS, jnp.int32)
+
     def turn(carry, inputs):
-        tokens, agent_mask, agent_logprobs, sim_mask, sim_logprobs, active, score = carry
+        tokens, agent_mask, agent_logprobs, sim_mask, sim_logprobs, active, score, local = carry
         t, key = inputs
         keys = jax.random.split(key, 3)
         pos = 2 * t + 1  # the agent's act; the reply goes to pos + 1 (pos + 2 in the simulator's view)
-        logits = last_logits(agent_graphdef, agent_params, tokens, jnp.full((B,), pos - 1))
-        a = draw(act_distribution(logits, AGENT0, N_AGENT), keys[0])
+        a = draw(agent(tokens, offsets[t] + local, t), keys[0])
         tokens = put(tokens, pos, jnp.where(active, AGENT0 + a.act, PAD))
         agent_mask = put(agent_mask, pos, active.astype(jnp.float32))
         agent_logprobs = put(agent_logprobs, pos, jnp.where(active, a.logprob, 0.0))
@@ -249,15 +280,16 @@ def rollout(agent_graphdef: nnx.GraphDef, agent_params: Params, sim_graphdef: nn
         sim_mask = put(sim_mask, pos + 2, active.astype(jnp.float32))
         sim_logprobs = put(sim_logprobs, pos + 2, jnp.where(active, u.logprob, 0.0))
         score = score + jnp.where(active, weights[u.act], 0.0)
+        local = jnp.where(active, local * personas.BRANCH + a.act * N_USER + u.act, local)  # ended: any state
         stats = dict(replied=active, sim_pmax=u.probs.max(-1), verbalized=active & use_vs,
                      malformed=active & verbalized & vs.malformed, repaired=active & use_vs & vs.repaired)
-        return (tokens, agent_mask, agent_logprobs, sim_mask, sim_logprobs, active, score), stats
+        return (tokens, agent_mask, agent_logprobs, sim_mask, sim_logprobs, active, score, local), stats
 
     zeros = jnp.zeros((B, L), jnp.float32)
     carry = (jnp.full((B, L), PAD, jnp.int32).at[:, 0].set(GREETING), zeros, zeros, zeros, zeros,
-             jnp.ones((B,), bool), jnp.zeros((B,), jnp.float32))
+             jnp.ones((B,), bool), jnp.zeros((B,), jnp.float32), jnp.zeros((B,), jnp.int32))
     carry, stats = jax.lax.scan(turn, carry, (jnp.arange(TURNS), jax.random.split(key, TURNS)))
-    tokens, agent_mask, agent_logprobs, sim_mask, sim_logprobs, active, score = carry
+    tokens, agent_mask, agent_logprobs, sim_mask, sim_logprobs, active, score, _ = carry
     # The donation request closes every dialogue: forced after the last strategy (not a decision).
     tokens = tokens.at[:, L - 1].set(jnp.where(active, ASK_TOKEN, tokens[:, L - 1]))
     rewards = jax.nn.sigmoid(personas.REWARD_SLOPE * (score - personas.REWARD_MIDPOINT))
@@ -317,6 +349,22 @@ def sim_reply_table(graphdef: nnx.GraphDef, params: Params, card: jax.Array) -> 
         return act_distribution(model.logits(hidden[:, 0]), USER0, N_USER)
 
     return jax.vmap(reply, out_axes=1)(jnp.arange(N_STRATEGIES))
+
+
+def best_response(q: jax.Array) -> jax.Array:
+    """pi* [..., N_STATES, N_AGENT] (one-hot): the exact best response to reply tables
+    q [..., N_STATES, S, U], by `personas.best_response` (float64 backward induction) on the host,
+    through `jax.pure_callback`."""
+    chex.assert_shape(q, (..., personas.N_STATES, N_STRATEGIES, N_USER))
+    lead = q.shape[:-3]
+
+    def host(q: np.ndarray) -> np.ndarray:
+        flat = np.asarray(q).reshape(-1, *q.shape[-3:])
+        policies = np.stack([personas.best_response(as_table(table)).policy for table in flat])
+        return policies.reshape(*q.shape[:-3], personas.N_STATES, N_AGENT).astype(np.float32)
+
+    out = jax.ShapeDtypeStruct((*lead, personas.N_STATES, N_AGENT), jnp.float32)
+    return jax.pure_callback(host, out, q, vmap_method="broadcast_all")
 
 
 def _verbalization_prompts(card: jax.Array, states: np.ndarray) -> tuple[jax.Array, jax.Array]:

@@ -6,7 +6,8 @@ loop:
   frozen      fixed simulators; member p answers the episodes of block p.
   verbalized  a fixed simulator answering by Verbalized Sampling.
   cotrain     Co-Training: one simulator trained on the same episodes, by default adversarially
-              (advantages of minus the agent's reward) with a KL anchor to a reference.
+              (advantages of minus the agent's reward) with a KL anchor to a reference; its
+              objective is data (`OBJECTIVES`: adversarial, cooperative, regret).
   population  Population Co-Training: P simulators, member p trained on its own block.
   rotation    P fixed simulators taken in turn: every episode of a step is answered by one of them,
               the next one after `RLConfig.rotation_block` steps.
@@ -52,7 +53,20 @@ MODES: dict[str, Mode] = {
 STARTS = {"collapsed": 1, "base": 1, "collapsed_modes": len(personas.PERSONAS),
           "persona_modes": len(personas.PERSONAS), "selfplay": 1, "fitted": 1, "vs_fitted": 1}
 FITTED_STARTS = ("fitted", "vs_fitted")  # made from the collapsed simulator and `Arm.data` dialogues
-OBJECTIVES = {"adversarial": -1.0, "cooperative": 1.0}  # sign of the agent's reward in the simulators' own
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """A trained simulator's objective: advantages of `sign` x the agent's reward on the agent's episodes
+    and, with `best_response`, of + the reward on episodes the exact best response to the simulator's
+    current replies plays against it (regret = V(best response) - V(agent), PAIRED's oracle form)."""
+
+    sign: float
+    best_response: bool = False
+
+
+OBJECTIVES = {"adversarial": Objective(-1.0), "cooperative": Objective(1.0),
+              "regret": Objective(-1.0, best_response=True)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +110,10 @@ class Arm:
             raise ValueError(f"arm {self.name}: data dialogues go with a fitted start or a data anchor")
         if self.data_coef > 0 and self.mode != "cotrain":
             raise ValueError(f"arm {self.name}: the data anchor is Co-Training's")
+        trains_own_sims = self.trains and self.spec.trains_sims and not self.spec.self_play
+        if OBJECTIVES[self.objective].best_response and not trains_own_sims:
+            raise ValueError(f"arm {self.name}: the regret objective needs simulators that train "
+                             "(not self-play)")
         if (self.mode == "selfplay") != (self.start == "selfplay"):
             raise ValueError(f"arm {self.name}: self-play and only self-play starts from the joint model")
 

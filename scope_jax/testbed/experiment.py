@@ -334,14 +334,16 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
         cards = arms_lib.cards(arm)
         kl = rl.sim_kl_coef if arm.sim_kl_coef is None else arm.sim_kl_coef
         lr = rl.sim_learning_rate if arm.sim_learning_rate is None else arm.sim_learning_rate
-        program = make_runner(tab.graphdef, tab.graphdef, rl, arm.members, kl, self_play, arm.data_coef)
+        objective = arms_lib.OBJECTIVES[arm.objective]
+        program = make_runner(tab.graphdef, tab.graphdef, rl, arm.members, kl, self_play, arm.data_coef,
+                              objective.best_response)
         anchor = {}
         if arm.data_coef:
             train = fitted.splits[arm.data].train
             anchor = dict(data=user_data.token_batch(train, settings.data.max_dialogues),
                           rows=len(train.strategies))
         inputs = arm_inputs(cards, arms_lib.voices(arm, rl.steps, rl.rotation_block), arm.spec.verbalized,
-                            lr if arm.spec.trains_sims else 0.0, arms_lib.OBJECTIVES[arm.objective], **anchor)
+                            lr if arm.spec.trains_sims else 0.0, objective.sign, **anchor)
         _, logs, snaps = COMPILED(program.run, agent0, sims, refs, inputs, keys)
         logs = jax.tree.map(np.asarray, logs)
         policies = np.concatenate([policy0[:, None], tab.policies(snaps.agent, 2)], axis=1)
@@ -374,7 +376,8 @@ def program_key(arm: Arm, rl: RLConfig) -> tuple | None:
     if not arm.trains:
         return None
     kl = rl.sim_kl_coef if arm.sim_kl_coef is None else arm.sim_kl_coef
-    return arm.members, kl, arm.start == "selfplay", arm.data_coef
+    regret = arms_lib.OBJECTIVES[arm.objective].best_response
+    return arm.members, kl, arm.start == "selfplay", arm.data_coef, regret
 
 
 def arm_order(arms: Sequence[Arm], rl: RLConfig) -> list[Arm]:

@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from scope_jax.testbed.arms import CONTROLS, MODES  # noqa: E402
+from scope_jax.testbed.arms import CONTROLS, MODES, Arm  # noqa: E402
 from scope_jax.testbed.experiment import ArmResult, Results  # noqa: E402
 from scope_jax.testbed.gradients import GradientPanel  # noqa: E402
 from scope_jax.training.run_dir import RunDir  # noqa: E402
@@ -113,8 +113,9 @@ def final_values(arm: ArmResult, tail: int) -> dict[str, np.ndarray]:
 
 
 def selected_sweep_point(summary: dict[str, Any]) -> str | None:
-    """The sweep arm the stated rule (SWEEP_RULE) chooses; None without sweep arms."""
-    points = summary["sweep"]
+    """The sweep arm the stated rule (SWEEP_RULE) chooses among the points of Co-Training's default
+    objective (the setting it chooses is the default run's); None without such points."""
+    points = [name for name, point in summary["sweep"].items() if point["objective"] == Arm.objective]
     if not points:
         return None
     return max(points, key=lambda name: summary["arms"][name]["sim_deviation"]["mean"])

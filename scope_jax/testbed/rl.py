@@ -5,15 +5,22 @@ plays B = groups x group_size episodes against them (block p of the episodes ans
 GRPO advantages per group, the agent's `RoleBatch` (its view, loss on its decisions, the sampler's
 log-probs) and the simulators' ([P, M, L]: their view, loss on their replies, advantages = GRPO of
 `sim_sign` x the agent's reward, -1 for the adversarial objective, KL to the reference through
-`LossConfig.kl_coef`), then the project's one `make_train_step`. With a data anchor (`data_coef` > 0) the
-simulators' loss also has `data_coef` x the NLL of their replies in user dialogues (`Batch.sim_data`):
-each step draws M of the data's rows (`ArmInputs.data`), with replacement, from a stream of the step's
-key that the rollout does not use. Every `eval_every` steps the agent's
-and the simulators' parameters are emitted for exact evaluation on the host.
+`LossConfig.kl_coef`), then the project's one `make_train_step`. With the regret objective
+(`best_response`: regret = V(best response to q, q) - V(agent, q), PAIRED's oracle form) the simulators'
+batch is [P, 2M, L]: the agent's episodes with advantages of sim_sign x R, then M episodes per member
+played by the exact best response to its current reply table (`persona_lm.sim_reply_table`, solved by
+`persona_lm.best_response`) against it, with advantages of +R (GRPO within their own groups), drawn
+from a stream of the step's key that the agent's rollout does not use (`persona_lm.play` with a table
+agent). With a data anchor (`data_coef` > 0) the simulators' loss also has `data_coef` x the NLL of
+their replies in user dialogues (`Batch.sim_data`): each step draws M of the data's rows
+(`ArmInputs.data`), with replacement, from a stream of the step's key that the rollout does not use.
+Every `eval_every` steps the agent's and the simulators' parameters are emitted for exact evaluation on
+the host.
 
 What differs between arms is data (`ArmInputs`), not code. Only the population size P, the simulators'
-KL and data weights (terms of the compiled loss, absent at 0) and self-play shape the compiled program,
-so the arms of one (P, KL, data weight) share it. The simulators' optimizer runs at unit rate and the step moves them by
+KL and data weights (terms of the compiled loss, absent at 0), self-play and the best-response episodes
+(a batch shape) shape the compiled program, so the arms of one (P, KL, data weight, objective kind) share
+it. The simulators' optimizer runs at unit rate and the step moves them by
 `sim_learning_rate` times its update, exact for Adam without weight decay (its moments do not depend
 on the rate). At rate 0 (frozen arms) the parameters stay bitwise fixed; the train step still computes
 their update, which costs one simulator backward pass per step and saves a compilation (tens of seconds
@@ -62,6 +69,7 @@ class RLConfig:
 
 
 DATA_STREAM = 1 << 20  # folded into a step's key for the data anchor's rows
+BEST_RESPONSE_STREAM = 1 << 21  # folded into a step's key for the best response's episodes
 
 
 class AnchorData(NamedTuple):
@@ -107,23 +115,28 @@ class Program(NamedTuple):
     run: Callable  # jit(vmap): (agent [R], sims [R, P], refs [R, P], ArmInputs, keys [R])
     #                  -> (final JointState [R], StepLog [R, steps], Snapshots)
     init: Callable  # (agent, sims [P], refs [P], key) -> JointState
-    batch: Callable  # (lm.Dialogues, sim_sign, sim_data) -> Batch
+    batch: Callable  # (lm.Dialogues, sim_sign, sim_data, best-response lm.Dialogues) -> Batch
+    step_batch: Callable  # (JointState, step key, t, ArmInputs) -> (the agent's lm.Dialogues, Batch)
     anchor: Callable  # (AnchorData, step key) -> the data anchor's TokenBatch [P, M, L]
     train_step: Callable  # (JointState, Batch) -> (JointState, metrics)
 
 
 @functools.cache
 def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config: RLConfig, members: int,
-                sim_kl_coef: float, self_play: bool = False, data_coef: float = 0.0) -> Program:
+                sim_kl_coef: float, self_play: bool = False, data_coef: float = 0.0,
+                best_response: bool = False) -> Program:
     """The RL program of arms with `members` simulators, simulator KL weight `sim_kl_coef` and data
     anchor weight `data_coef` (cached: arms and runs of one shape share it). In self-play `sims` is
-    unused (pass the agent's, [R, 1]) and refs[:, 0] is the simulator role's KL reference."""
+    unused (pass the agent's, [R, 1]) and refs[:, 0] is the simulator role's KL reference.
+    best_response: the simulators' batch also holds the best response's episodes (regret)."""
     if config.groups % members or config.steps % config.eval_every:
         raise ValueError("groups must divide into members and steps into eval_every chunks")
     if self_play and members != 1:
         raise ValueError("self-play has one simulator: the agent itself")
     if self_play and data_coef:
         raise ValueError("the data anchor is the simulators' (self-play has none of its own)")
+    if self_play and best_response:
+        raise ValueError("the regret objective is the simulators' (self-play has none of its own)")
     per_member = config.episodes // members
     optimizer = make_optimizer(OptimizerConfig(learning_rate=config.learning_rate, sim_learning_rate=1.0),
                                {"agent": True} if self_play else {"agent": True, "sims": True})
@@ -142,12 +155,26 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
         mask = jnp.broadcast_to(data.loss_mask[rows], tokens.shape)
         return TokenBatch(tokens, lm.positions_like(tokens), mask)
 
-    def batch(d: lm.Dialogues, sim_sign: jax.Array, sim_data: TokenBatch | None = None) -> Batch:
+    def sim_role(d: lm.Dialogues, rewards: jax.Array) -> RoleBatch:
+        """[P, M, L]: the simulators' view of d, with the GRPO advantages of `rewards` [B]."""
+        adv = advantage(rewards, group_ids, config.groups).reshape(members, per_member)
+        return RoleBatch(d.sim_tokens, lm.positions_like(d.sim_tokens), d.sim_mask, d.sim_logprobs, adv)
+
+    def batch(d: lm.Dialogues, sim_sign: jax.Array, sim_data: TokenBatch | None = None,
+              best: lm.Dialogues | None = None) -> Batch:
         agent = RoleBatch(d.tokens, lm.positions_like(d.tokens), d.agent_mask, d.agent_logprobs,
                           advantage(d.rewards, group_ids, config.groups))
-        sim_adv = advantage(sim_sign * d.rewards, group_ids, config.groups).reshape(members, per_member)
-        sims = RoleBatch(d.sim_tokens, lm.positions_like(d.sim_tokens), d.sim_mask, d.sim_logprobs, sim_adv)
+        sims = sim_role(d, sim_sign * d.rewards)
+        if best is not None:  # regret: + the best response's reward on its own episodes
+            responded = sim_role(best, best.rewards)
+            sims = jax.tree.map(lambda x, y: jnp.concatenate([x, y], axis=1), sims, responded)
         return Batch(agent=agent, sims=sims, sim_data=sim_data)
+
+    def best_response_episodes(voiced, inputs: ArmInputs, key) -> lm.Dialogues:
+        """M episodes per member, played by the exact best response to its current replies against it."""
+        q = jax.vmap(lm.sim_reply_table, in_axes=(None, 0, 0))(sim_graphdef, voiced, inputs.cards)
+        return lm.play(lm.table_agent(lm.best_response(q), per_member), sim_graphdef, voiced, inputs.cards,
+                       inputs.verbalized, jax.random.fold_in(key, BEST_RESPONSE_STREAM), members, per_member)
 
     def simulators(state: JointState):
         return jax.tree.map(lambda x: x[None], state.params["agent"]) if self_play else state.params["sims"]
@@ -160,12 +187,17 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
                           opt_state=optimizer.init(params), step=jnp.zeros((), jnp.int32),
                           rng=jax.random.key_data(key))
 
-    def one_step(state: JointState, key, t, inputs: ArmInputs):
+    def step_batch(state: JointState, key, t, inputs: ArmInputs) -> tuple[lm.Dialogues, Batch]:
         voiced = jax.tree.map(lambda x: x[inputs.voices[t]], simulators(state))
         d = lm.rollout(agent_graphdef, state.params["agent"], sim_graphdef, voiced, inputs.cards,
                        inputs.verbalized, key, members, per_member)
         sim_data = anchor(inputs.data, key) if data_coef else None
-        new, metrics = train_step(state, batch(d, inputs.sim_sign, sim_data))
+        best = best_response_episodes(voiced, inputs, key) if best_response else None
+        return d, batch(d, inputs.sim_sign, sim_data, best)
+
+    def one_step(state: JointState, key, t, inputs: ArmInputs):
+        d, step = step_batch(state, key, t, inputs)
+        new, metrics = train_step(state, step)
         if not self_play:
             rate = inputs.sim_learning_rate
             moved = jax.tree.map(lambda n, o: jnp.where(rate > 0, o + rate * (n - o), o),
@@ -198,7 +230,7 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
         return state, logs, snapshots
 
     run = jax.jit(jax.vmap(run_seed, in_axes=(0, 0, 0, None, 0)))
-    return Program(run, init, batch, anchor, train_step)
+    return Program(run, init, batch, step_batch, anchor, train_step)
 
 
 def arm_inputs(cards, voices, verbalized: bool, sim_learning_rate: float, sim_sign: float,

@@ -36,3 +36,19 @@ def test_comparison_sentences_say_what_the_paired_differences_say():
     assert "vs the frozen base simulator (not distinguishable from 0)" in co_higher
     assert "vs the frozen collapsed simulator (not distinguishable from 0)" in co_null
     assert "vs the frozen base simulator (lower)" in co_null
+
+
+def test_the_sweep_rule_chooses_among_adversarial_points_and_the_verdict_covers_every_objective():
+    """The rule picks the default run's (adversarial) setting even when a regret point deviates more; the
+    README's verdict has a part per objective."""
+    deviations = {"cotrain_kl1": 0.3, "cotrain_kl2": 0.2, "cotrain_regret_kl1": 0.6}
+    summary = _summary([0.02, -0.03, 0.01, -0.02, 0.02])
+    summary["seeds"] = [0, 1, 2, 3, 4]
+    objective = lambda name: "regret" if "regret" in name else "adversarial"
+    summary["sweep"] = {name: {"kl": 1.0, "lr": 2e-3, "objective": objective(name)} for name in deviations}
+    for name, deviation in deviations.items():
+        summary["arms"][name] = {"sim_deviation": _stat([deviation] * 5)}
+        summary["deltas"]["frozen"][name] = summary["deltas"]["frozen"]["cotrain"]
+    assert report.selected_sweep_point(summary) == "cotrain_kl1"
+    sentence = report.sweep_null_sentence(summary)
+    assert "adversarial: 2 settings" in sentence and "regret: 1 settings" in sentence

@@ -17,7 +17,7 @@ REPLIES = (personas.POSITIVE, personas.NEGATIVE, personas.NEUTRAL, personas.SHAR
 def _inputs(members, voices=None, verbalized=False, sim_lr=0.0):
     voices = np.broadcast_to(np.arange(members), (RL.steps, members)) if voices is None else voices
     return rl.arm_inputs(np.full(members, lm.NO_CARD), voices, verbalized, sim_lr,
-                         arms.OBJECTIVES["adversarial"])
+                         arms.OBJECTIVES["adversarial"].sign)
 
 
 def _collapsed(pretrained, members=1):
