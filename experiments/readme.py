@@ -59,12 +59,14 @@ class Block:
         return readme.partition(self.begin)[2].partition(self.end)[0].strip("\n")
 
     def replace(self, readme: str) -> str:
-        """`readme` with the text between the markers replaced by the block's text."""
+        """`readme` with the text between the markers replaced by the block's text (nothing while its
+        artifact is not committed)."""
         head, begin, rest = readme.partition(self.begin)
         _, end, tail = rest.partition(self.end)
         if not begin or not end:
             raise ValueError(f"README.md lacks the markers {self.begin!r} ... {self.end!r}")
-        return f"{head}{begin}\n{self.text()}\n{end}{tail}"
+        text = f"{self.text()}\n" if self.artifact.exists() else ""
+        return f"{head}{begin}\n{text}{end}{tail}"
 
 
 BLOCKS = (Block("testbed", SUMMARY, testbed_text), Block("p4g_proxy", PROXY, proxy_text))
