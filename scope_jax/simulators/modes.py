@@ -50,6 +50,7 @@ import numpy as np
 
 from scope_jax.config import ConfigError
 from scope_jax.dialogue.speakers import MembersSpeaker, ModelSpeaker, Player, PopulationSpeaker, Speaker
+from scope_jax.models.decoder import population_member
 from scope_jax.simulators.verbalized import VerbalizedSampler, verbalized_config
 from scope_jax.simulators.verbalized_speaker import VerbalizedSpeaker
 
@@ -95,12 +96,14 @@ def _with(player: Player, params: Any) -> Player:
 
 def first_member(population: Player) -> Player:
     """Member 0 of a population player (params stacked [P, ...])."""
-    return _with(population, jax.tree.map(lambda x: x[0], population.params))
+    return _with(population, population_member(population.params, 0))
 
 
 def member_spec(spec: str, member: int) -> str:
-    """Population member p of a model spec: "tiny:SEED+p" for a tiny spec, else the same model."""
-    return f"tiny:{int(spec.split(':')[1]) + member}" if spec.startswith("tiny:") else spec
+    """Population member p of a model spec: "tiny:SEED+p" for a tiny spec, else the same model (a
+    "BASE+ADAPTER" spec too: a LoRA population shares one base)."""
+    tiny = spec.startswith("tiny:") and "+" not in spec
+    return f"tiny:{int(spec.split(':')[1]) + member}" if tiny else spec
 
 
 class SimulatorMode:

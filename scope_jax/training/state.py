@@ -19,7 +19,7 @@ import optax
 from flax import struct
 
 from scope_jax import sharding
-from scope_jax.models.decoder import PARTITION_RULES
+from scope_jax.models.decoder import PARTITION_RULES, population_axes
 
 
 @struct.dataclass
@@ -32,8 +32,19 @@ class JointState:
 
 
 def stack_population(members: list[Any]) -> Any:
-    """P parameter trees of one architecture -> one tree with a leading population axis."""
-    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *members)
+    """P parameter trees of one architecture -> one tree with a leading population axis on the parts a
+    population stacks (`decoder.population_axes`): every leaf of a plain tree; the adapters of LoRA
+    members, over the base they share (ValueError if their bases differ)."""
+    def stack(axis, *parts):
+        if axis is not None:
+            return jax.tree.map(lambda *leaves: jnp.stack(leaves), *parts)
+        if not all(jax.tree.all(jax.tree.map(lambda a, b: a is b or bool(jnp.array_equal(a, b)), parts[0], p))
+                   for p in parts[1:]):
+            raise ValueError("the members of a population must share the parts it does not stack (a LoRA "
+                             "population: one base)")
+        return parts[0]
+
+    return jax.tree.map(stack, population_axes(members[0]), *members, is_leaf=lambda a: a is None)
 
 
 def create(params: dict[str, Any], optimizer: optax.GradientTransformation, seed: int,

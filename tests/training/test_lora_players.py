@@ -1,0 +1,48 @@
+"""A LoRA model as a player of the dialogue loop ("BASE+ADAPTER", e.g. the P4G human proxy as a frozen
+simulator): the population stacks its adapter over one unstacked base, and a training step runs."""
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.configs.target_word import get_config
+from scope_jax.models import lora
+from scope_jax.training import rl_step
+from scope_jax.training.config import make_env
+from scope_jax.training.players import load_model
+from scope_jax.training.setup import build
+from scope_jax.training.state import stack_population
+
+
+@pytest.fixture(scope="module")
+def adapter_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("adapter")
+    graphdef, base, _ = load_model("tiny:1", words=make_env(get_config("frozen").env).vocabulary)
+    _, fresh = lora.init(graphdef, base, lora.LoRAConfig(rank=2), seed=0)
+    adapter = jax.tree.map(lambda x: 0.1 * np.ones_like(x), fresh.adapter)
+    lora.save_adapter(folder, adapter, lora.LoRAConfig(rank=2))
+    return folder
+
+
+def test_a_frozen_lora_simulator_plays_and_the_agent_trains(adapter_folder):
+    config = get_config("frozen")
+    config.sim.model = f"tiny:1+{adapter_folder}"
+    config.rollout.update(groups=2, group_size=2)
+    setup = build(config)
+    sims = setup.sims.members.params if setup.sims.members is not None else setup.sims.listed[0].params
+    assert isinstance(sims, lora.LoRAParams)
+    _, metrics, episodes = rl_step.rl_step(setup, setup.state, 0)
+    assert len(episodes) == 4 and np.isfinite(metrics["loss"])
+
+
+def test_a_lora_population_stacks_the_adapters_over_one_base(adapter_folder):
+    graphdef, params, _ = load_model(f"tiny:1+{adapter_folder}", words=("a", "b"))
+    twin = params._replace(adapter=jax.tree.map(lambda x: 2 * x, params.adapter))
+    stacked = stack_population([params, twin])
+    assert stacked.base is params.base  # shared, no population axis
+    for one, two, both in zip(jax.tree.leaves(params.adapter), jax.tree.leaves(twin.adapter),
+                              jax.tree.leaves(stacked.adapter)):
+        np.testing.assert_array_equal(both, np.stack([one, two]))
+    other = params._replace(base=jax.tree.map(lambda x: x + 1, params.base))
+    with pytest.raises(ValueError, match="one base"):
+        stack_population([params, other])
