@@ -28,6 +28,7 @@ def test_proxy_job_replays_the_human_persuaders_and_writes_the_fidelity_table(tm
     config.model = "tiny:0"
     config.data.data_dir = str(DATA)
     config.fidelity.max_turns = 2
+    config.optimizer.update(learning_rate=0.05, warmup_steps=0)  # two steps that change what the proxy says
     prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
         p4g_proxy.run(config, run_dir)
@@ -38,6 +39,7 @@ def test_proxy_job_replays_the_human_persuaders_and_writes_the_fidelity_table(tm
     dialogues = [json.loads(line) for line in (tmp_path / "run" / "dialogues.jsonl").read_text().splitlines()]
     assert len(dialogues) == 2 * config.fidelity.dialogues
     assert [d["scenario"] for d in dialogues[:4]] == [d["scenario"] for d in dialogues[4:]]  # same people
+    assert [d["messages"] for d in dialogues[:4]] != [d["messages"] for d in dialogues[4:]]  # trained
     human = load_turns(DATA)
     personas = {str(c.scenario): c.scenario for c in p4g_proxy.heldout_cases(config)[1]}
     for d in dialogues:
@@ -52,6 +54,8 @@ def test_proxy_job_replays_the_human_persuaders_and_writes_the_fidelity_table(tm
         p4g_proxy.run(config, run_dir)
     assert results["adapter_sha256"] == p4g_proxy.adapter_sha256(config.adapter)
     assert json.loads((tmp_path / "again" / "fidelity.json").read_text()) == results
+    said = lambda run: (tmp_path / run / "dialogues.jsonl").read_text()
+    assert said("again") == said("run")
     assert not (tmp_path / "again" / "checkpoints").exists()  # nothing trained
 
 
