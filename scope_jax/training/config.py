@@ -48,7 +48,7 @@ def default_config() -> ml_collections.ConfigDict:
         "models": (),              # the frozen simulators of modes rotation and mixture
         "objective": "adversarial",  # a trained simulator's reward: "adversarial" or "cooperative"
         "data_coef": 0.0,          # weight of the data anchor: the NLL of user dialogues in the simulators' loss
-        "data": "",                # the user dialogues of the data anchor (required when data_coef > 0)
+        "data": "",                # its user dialogues, SOURCE:SPLIT (training.data_anchor)
     })
     c.verbalized = ml_collections.ConfigDict(
         dict(dataclasses.asdict(VerbalizedConfig()), max_new_tokens=128))
