@@ -96,7 +96,7 @@ def choose_steps(values: np.ndarray, final: np.ndarray) -> int:
     """The rule: values [R, PROBE_STEPS] (value after t steps at t), final [R] (after PROBE_STEPS)."""
     curve = np.concatenate([values, final[:, None]], axis=1)
     settled = np.abs(curve - final[:, None]).max(0) < TOLERANCE  # [PROBE_STEPS + 1]
-    for t in range(STEP_UNIT, PROBE_STEPS + 1, STEP_UNIT):
+    for t in range(STEP_UNIT, PROBE_STEPS, STEP_UNIT):  # at PROBE_STEPS itself it trivially is
         if settled[t:].all():
             return t
     raise ValueError(f"the frozen collapsed control does not settle within {PROBE_STEPS} steps")
