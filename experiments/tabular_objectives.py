@@ -73,9 +73,10 @@ def starts() -> dict[str, np.ndarray]:
             "base": tabular.sim_logits(personas.base_simulator())}
 
 
-def train(arms: tuple[Arm, ...], steps: int, say: Callable[[str], None], label: str) -> tabular.Outcome:
-    """Every arm x seed for `steps` steps (vmapped, in chunks of STEP_UNIT with progress lines); the final
-    outcomes [arms x seeds]."""
+def train(arms: tuple[Arm, ...], steps: int, say: Callable[[str], None],
+          label: str) -> tuple[tabular.Outcome, np.ndarray]:
+    """Every arm x seed for `steps` steps (vmapped, in chunks of STEP_UNIT with progress lines): the final
+    outcomes [arms x seeds] and the training values before each step [arms x seeds, steps]."""
     logits = starts()
     settings = [tabular.setting(tabular.OBJECTIVES[a.objective], a.kl_coef, a.sim_learning_rate, logits[a.start])
                 for a in arms for _ in SEEDS]
@@ -112,8 +113,8 @@ METRICS = ("heldout_value", "train_value", "sim_deviation", "sim_kl_to_start")
 
 def run(say: Callable[[str], None] = print) -> dict[str, Any]:
     start = time.perf_counter()
-    probe_arm = study_arms()[:1]
-    probe, curve = train(probe_arm, PROBE_STEPS, say, "probe (frozen collapsed)")
+    control = tuple(a for a in study_arms() if a.name == CONTROL)
+    probe, curve = train(control, PROBE_STEPS, say, "probe (frozen collapsed)")
     steps = choose_steps(curve, np.asarray(probe.train_value))
     say(f"the rule chooses {steps} steps")
     arms = study_arms()
