@@ -1,8 +1,9 @@
 """Write the README's result blocks from the committed artifacts: python -m experiments.readme.
 
 Each block of README.md between its two markers is replaced by its text:
-- testbed: the default run's table and findings (docs/results/summary.json), the sweep's verdict on the
-  objectives that do not see the users (sweep.json) and the data curve (data.json), each where committed;
+- testbed: the default run's table and findings (docs/results/summary.json), the verdicts on the
+  objectives that do not see the users of the sweep (sweep.json) and of the tabular study
+  (tabular.json), and the data curve (data.json), each where committed;
 - p4g_proxy: the P4G human proxy's fidelity table (docs/results/p4g_proxy/fidelity.json).
 tests/test_readme.py fails when a block differs from its artifact.
 """
@@ -14,6 +15,7 @@ import json
 import pathlib
 from typing import Callable
 
+from experiments import tabular_objectives
 from experiments.jobs import p4g_proxy
 from scope_jax.testbed import data_report, report
 
@@ -23,6 +25,7 @@ RESULTS = ROOT / "docs" / "results"
 SUMMARY = RESULTS / "summary.json"
 SWEEP = RESULTS / "sweep.json"
 DATA = RESULTS / "data.json"
+TABULAR = RESULTS / "tabular.json"
 PROXY = RESULTS / "p4g_proxy" / "fidelity.json"
 
 
@@ -30,6 +33,8 @@ def testbed_text() -> str:
     block = [report.readme_block(json.loads(SUMMARY.read_text()))]
     if SWEEP.exists() and (null := report.sweep_null_sentence(json.loads(SWEEP.read_text()))):
         block.append(f"- {null}")
+    if TABULAR.exists():
+        block.append(f"- {tabular_objectives.tabular_null_sentence(json.loads(TABULAR.read_text()))}")
     if DATA.exists() and "data_curve" in (data := json.loads(DATA.read_text())):
         block += ["", *data_report.readme_lines(data["data_curve"])]
     return "\n".join(block)

@@ -24,25 +24,34 @@ from scope_jax.envs import persona_lm as lm
 from scope_jax.envs import personas
 from scope_jax.testbed.evaluate import LEVELS
 
-_ASK_REWARD = personas.reward(personas.STATE_SCORE).astype(np.float32)
-_FINAL_REWARD = personas.reward(personas.STATE_SCORE[LEVELS[-1], None, None]
+ASK_REWARD = personas.reward(personas.STATE_SCORE).astype(np.float32)  # R when asking at state i
+FINAL_REWARD = personas.reward(personas.STATE_SCORE[LEVELS[-1], None, None]
                                 + personas.SCORE_WEIGHTS).astype(np.float32)  # [n_last, 1, U]
 
 
 POLICY_TABLE = jax.jit(lm.agent_policy_table, static_argnums=0)  # shared with testbed.experiment's Tabulator
 
 
-def policy_value(policy: jax.Array, sim: jax.Array) -> jax.Array:
-    """E[reward] of policy [N_STATES, N_AGENT] against sim [N_STATES, S, U], exactly (traceable)."""
+def _flow(reach: jax.Array, policy: jax.Array, sim: jax.Array, t: int) -> jax.Array:
+    """P(pass through state i of level t, play strategy s, hear u) [n, S, U] (`personas._flow`)."""
+    return reach[:, None, None] * policy[LEVELS[t], :personas.N_STRATEGIES, None] * sim[LEVELS[t]]
+
+
+def reach_probabilities(policy: jax.Array, sim: jax.Array) -> jax.Array:
+    """P(the dialogue passes through decision state i) [N_STATES] (traceable `personas.reach_probabilities`)."""
     chex.assert_shape([policy, sim], [(personas.N_STATES, personas.N_AGENT),
                                       (personas.N_STATES, personas.N_STRATEGIES, personas.N_USER)])
-    flow = lambda reach, t: (reach[:, None, None] * policy[LEVELS[t], :personas.N_STRATEGIES, None]
-                             * sim[LEVELS[t]])
     reach = [jnp.ones((1,), policy.dtype)]
     for t in range(personas.TURNS - 1):
-        reach.append(flow(reach[t], t).reshape(-1))
-    asked = jnp.sum(jnp.concatenate(reach) * policy[:, personas.ASK] * _ASK_REWARD)
-    return asked + jnp.sum(flow(reach[-1], personas.TURNS - 1) * _FINAL_REWARD)
+        reach.append(_flow(reach[t], policy, sim, t).reshape(-1))
+    return jnp.concatenate(reach)
+
+
+def policy_value(policy: jax.Array, sim: jax.Array) -> jax.Array:
+    """E[reward] of policy [N_STATES, N_AGENT] against sim [N_STATES, S, U], exactly (traceable)."""
+    reach = reach_probabilities(policy, sim)
+    asked = jnp.sum(reach * policy[:, personas.ASK] * ASK_REWARD)
+    return asked + jnp.sum(_flow(reach[LEVELS[-1]], policy, sim, personas.TURNS - 1) * FINAL_REWARD)
 
 
 def mode_user(sim: jax.Array) -> jax.Array:

@@ -521,6 +521,19 @@ def readme_block(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def objective_verdicts(by_objective: dict[str, list[dict[str, Any]]]) -> str:
+    """Per objective, its settings' paired differences from the frozen collapsed simulator: their range,
+    and at how many the 95% interval lies above or below 0."""
+    parts = []
+    for objective, points in by_objective.items():
+        means = [d["mean"] for d in points]
+        verdicts = [direction(d) for d in points]
+        parts.append(f"{objective}: {len(points)} settings, held-out value {min(means):+.3f} to "
+                     f"{max(means):+.3f} against the frozen collapsed simulator (paired by seed), above it at "
+                     f"95% at {verdicts.count('higher')}, below at {verdicts.count('lower')}")
+    return "; ".join(parts)
+
+
 def sweep_null_sentence(sweep: dict[str, Any]) -> str | None:
     """The sweep's verdict on the simulator objectives that do not see the users, per objective: every
     point against the frozen collapsed simulator, paired by seed (from sweep.json alone)."""
@@ -530,17 +543,11 @@ def sweep_null_sentence(sweep: dict[str, Any]) -> str | None:
         by_objective.setdefault(point["objective"], []).append(deltas[name]["heldout_value"])
     if not by_objective:
         return None
-    parts = []
-    for objective, points in by_objective.items():
-        means = [d["mean"] for d in points]
-        verdicts = [direction(d) for d in points]
-        parts.append(f"{objective}: {len(points)} settings, held-out value {min(means):+.3f} to "
-                     f"{max(means):+.3f} against the frozen collapsed simulator (paired by seed), above it at "
-                     f"95% at {verdicts.count('higher')}, below at {verdicts.count('lower')}")
     base = sweep["arms"]["frozen_base"]["heldout_value"]["mean"] - sweep["arms"]["frozen"]["heldout_value"]["mean"]
     return (f"Simulator objectives that do not see the users, neural evidence (`:sweep`, Co-Training like "
             f"for like over KL weight x simulator learning rate, {len(sweep['seeds'])} seeds): "
-            f"{'; '.join(parts)}; the frozen base simulator is {base:+.3f} above the frozen collapsed one.")
+            f"{objective_verdicts(by_objective)}; the frozen base simulator is {base:+.3f} above the frozen "
+            "collapsed one.")
 
 
 def write(results: Results, run_dir: RunDir, sections: Sequence[Section] = ()) -> dict[str, Any]:
