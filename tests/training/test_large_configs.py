@@ -1,5 +1,5 @@
-"""The larger-model configs keep running: one training step of each Qwen3 size on a tiny random checkpoint of
-the same architecture (the real GQA ratio and head_dim / (hidden / heads) ratio, tiny sizes) with Qwen3's chat
+"""The larger-model configs keep running: one training step of the Qwen3 sizes whose shapes differ (`STEPPED`)
+on a tiny random checkpoint of the same architecture (the real GQA ratio and head_dim / (hidden / heads) ratio, tiny sizes) with Qwen3's chat
 template, saved as an HF folder like the released ones and loaded through the config's own model keys (with
 remat, thinking off). The 4B-shaped run also evaluates, monitors and writes its transcripts."""
 
@@ -39,10 +39,21 @@ def test_memory_estimate_counts_the_state():
 
 
 EVALUATED = "4b"  # the one size whose step also runs the held-out evaluation, the monitor and the transcripts
+# 1.7B's tiny twin is the plain case (heads x head_dim = hidden, 2 query heads per KV head) that 0.6B's
+# (heads x head_dim = 2 hidden) and 4B's (1.6 hidden, 4 query heads per KV head) generalise; its config differs
+# from theirs only in the architecture, which test_memory_estimate_counts_the_state and the config checks cover.
+STEPPED = ("0.6b", "4b")
+
+
+def test_the_stepped_sizes_cover_every_head_ratio_but_the_plain_one():
+    ratios = {size: tiny_like(arch, 8) for size, arch in p4g_qwen3.ARCHITECTURES.items()}
+    plain = {s for s, c in ratios.items() if c.num_heads * c.head_dim == c.hidden_size and
+             c.num_heads // c.num_kv_heads == 2}
+    assert plain == {"1.7b"} and set(STEPPED) == set(p4g_qwen3.ARCHITECTURES) - plain
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("size", sorted(p4g_qwen3.ARCHITECTURES))
+@pytest.mark.parametrize("size", STEPPED)
 def test_one_training_step_on_a_tiny_checkpoint(tmp_path, size):
     arch = p4g_qwen3.ARCHITECTURES[size]
     tokenizer = word_tokenizer(THINK + ("I", "will", "donate", "$1", "no", "thanks", "hello"),
