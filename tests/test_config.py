@@ -11,8 +11,8 @@ from absl import flags
 from experiments import run as runner
 from experiments.run import prepare
 from scope_jax.config import ConfigError, validate
+from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import SIM, Message
-from scope_jax.envs.base import TurnResult
 from scope_jax.envs.target_word import TargetWordEnv
 from scope_jax.training import train
 from scope_jax.training.run_dir import RunDir, RunDirError

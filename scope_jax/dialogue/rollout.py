@@ -22,9 +22,9 @@ from typing import Callable, Mapping
 
 import jax
 
+from scope_jax.dialogue.environment import Environment
 from scope_jax.dialogue.episode import AGENT, ROLES, SIM, Episode, Message
 from scope_jax.dialogue.speakers import ScriptedSpeaker, Speaker, for_rollout
-from scope_jax.envs.base import Environment
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scope_jax import kv_cache
+from scope_jax.dialogue.environment import Environment
 from scope_jax.dialogue.episode import Episode, Message
 from scope_jax.dialogue.views import RoleView, template_tools
-from scope_jax.envs.base import Environment
 from scope_jax.kv_cache import CacheStats
 from scope_jax.sampling import SampleOutput, SamplingConfig, generate, generate_population
 

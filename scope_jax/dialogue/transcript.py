@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from scope_jax.dialogue.environment import Environment
 from scope_jax.dialogue.episode import ROLES, Episode
-from scope_jax.envs.base import Environment
 
 
 def transcript(env: Environment, episode: Episode) -> dict[str, Any]:

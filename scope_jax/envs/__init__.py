@@ -1,9 +1,10 @@
-"""Environments: task sources, what each role is told, turn handling and rewards (see base.py).
+"""Environments: task sources, what each role is told, turn handling and rewards (the interface they
+implement: scope_jax/dialogue/environment.py).
 
 `make(name, **settings)` builds one by name; each environment module registers its class in ENVIRONMENTS.
 """
 
-from scope_jax.envs.base import Environment, TurnResult
+from scope_jax.dialogue.environment import Environment
 from scope_jax.envs.cooperbench import CooperBenchEnv
 from scope_jax.envs.p4g import P4GEnv
 from scope_jax.envs.target_word import TargetWordEnv
@@ -18,4 +19,4 @@ def make(name: str, **settings) -> Environment:
     return ENVIRONMENTS[name](**settings)
 
 
-__all__ = ["ENVIRONMENTS", "Environment", "TurnResult", "make"]
+__all__ = ["ENVIRONMENTS", "make"]

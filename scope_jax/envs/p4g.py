@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
-from scope_jax.envs.base import TurnResult
 from scope_jax.envs.p4g_donations import extract_answer, extract_donation, readable
 from scope_jax.envs.p4g_stats import MAX_DONATION
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import AGENT, SIM, Episode, Message
-from scope_jax.envs.base import TurnResult
 
 TARGETS = ("apple", "banana", "cherry", "grape")
 FILLER = ("say", "please", "the", "word", "yes", "no", "ok", "thanks", "hello", "what", "now", "again")

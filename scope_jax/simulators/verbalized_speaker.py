@@ -19,10 +19,10 @@ import dataclasses
 
 import jax
 
+from scope_jax.dialogue.environment import Environment
 from scope_jax.dialogue.episode import Episode, Message
 from scope_jax.dialogue.speakers import Player, reply_text, sample_replies
 from scope_jax.dialogue.views import prompt_ids
-from scope_jax.envs.base import Environment
 from scope_jax.sampling import SamplingConfig
 from scope_jax.simulators.verbalized import VerbalizedSampler, build_prompt
 

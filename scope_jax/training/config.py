@@ -17,6 +17,7 @@ import ml_collections
 
 from scope_jax import distributed, envs, sharding
 from scope_jax.config import ConfigError
+from scope_jax.dialogue.environment import Environment
 from scope_jax.simulators.modes import SimulatorMode, make_mode
 from scope_jax.simulators.verbalized import VerbalizedConfig, verbalized_config
 from scope_jax.training import monitor
@@ -135,7 +136,7 @@ def _check_shards(config) -> None:
                               "shards; see docs/distributed.md)")
 
 
-def make_env(env_config: ml_collections.ConfigDict) -> envs.Environment:
+def make_env(env_config: ml_collections.ConfigDict) -> Environment:
     """The environment `env_config.name` with the settings of the group that its class takes."""
     if env_config.name not in envs.ENVIRONMENTS:
         raise ConfigError(f"config key 'env.name' is {env_config.name!r}; "

@@ -19,9 +19,9 @@ import numpy as np
 
 from scope_jax import distributed
 from scope_jax.config import ConfigError
+from scope_jax.dialogue.environment import Environment
 from scope_jax.dialogue.episode import SIM, Episode
 from scope_jax.dialogue.views import RoleView
-from scope_jax.envs.base import Environment
 from scope_jax.envs.p4g import P4GEnv
 from scope_jax.envs.p4g_human import HumanDialogues
 from scope_jax.training.batch import TokenBatch, padded_length

@@ -29,11 +29,11 @@ import jax
 import numpy as np
 
 from scope_jax import diagnostics, distributed
+from scope_jax.dialogue.environment import Environment
 from scope_jax.dialogue.episode import AGENT, SIM, Episode
 from scope_jax.dialogue.rollout import Speakers, play, rollout
 from scope_jax.dialogue.speakers import ModelSpeaker, Player, sample_replies
 from scope_jax.dialogue.views import prompt_ids
-from scope_jax.envs.base import Environment
 
 
 @dataclasses.dataclass(frozen=True)

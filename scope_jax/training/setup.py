@@ -17,7 +17,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from scope_jax import distributed, envs, sharding
+from scope_jax import distributed, sharding
+from scope_jax.dialogue.environment import Environment
 from scope_jax.dialogue.speakers import Player
 from scope_jax.sampling import SamplingConfig
 from scope_jax.simulators.modes import SimulatorMode, SimulatorModels
@@ -38,7 +39,7 @@ class Setup:
     run), with their parameters viewed there."""
 
     config: ml_collections.ConfigDict
-    env: envs.Environment
+    env: Environment
     mode: SimulatorMode
     agent: Player
     sims: SimulatorModels

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from scope_jax.dialogue.environment import Environment
 from scope_jax.dialogue.episode import Episode, Message
 from scope_jax.dialogue.views import RoleView, template_tools
-from scope_jax.envs.base import Environment
 from scope_jax.training.batch import TokenBatch, role_batch
 
 if TYPE_CHECKING:

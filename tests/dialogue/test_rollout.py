@@ -8,10 +8,10 @@ import jax
 import numpy as np
 import pytest
 
+from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
 from scope_jax.dialogue.rollout import rollout
 from scope_jax.dialogue.speakers import ModelSpeaker, Player, ScriptedSpeaker
-from scope_jax.envs.base import TurnResult
 from scope_jax.envs.target_word import TargetWordEnv
 from scope_jax.models import init
 from scope_jax.models.tiny import tiny_config, word_tokenizer

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from scope_jax import sharding
+from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
 from scope_jax.dialogue.rollout import rollout
 from scope_jax.dialogue.speakers import (CacheLog, ModelSpeaker, Player, PopulationSpeaker, RolloutCache,
                                          cache_stats, sample_replies)
 from scope_jax.dialogue.views import RoleView
-from scope_jax.envs.base import TurnResult
 from scope_jax.envs.target_word import TargetWordEnv
 from scope_jax.logprobs import token_logprobs
 from scope_jax.models import PARTITION_RULES, init

@@ -1,7 +1,8 @@
 """The larger-model configs keep running: one training step of the Qwen3 sizes whose shapes differ (`STEPPED`)
-on a tiny random checkpoint of the same architecture (the real GQA ratio and head_dim / (hidden / heads) ratio, tiny sizes) with Qwen3's chat
-template, saved as an HF folder like the released ones and loaded through the config's own model keys (with
-remat, thinking off). The 4B-shaped run also evaluates, monitors and writes its transcripts."""
+on a tiny random checkpoint of the same architecture (the real GQA ratio and head_dim / (hidden / heads)
+ratio, tiny sizes) with Qwen3's chat template, saved as an HF folder like the released ones and loaded
+through the config's own model keys (with remat, thinking off). The 4B-shaped run also evaluates,
+monitors and writes its transcripts."""
 
 import dataclasses
 import json
@@ -40,8 +41,9 @@ def test_memory_estimate_counts_the_state():
 
 EVALUATED = "4b"  # the one size whose step also runs the held-out evaluation, the monitor and the transcripts
 # 1.7B's tiny twin is the plain case (heads x head_dim = hidden, 2 query heads per KV head) that 0.6B's
-# (heads x head_dim = 2 hidden) and 4B's (1.6 hidden, 4 query heads per KV head) generalise; its config differs
-# from theirs only in the architecture, which test_memory_estimate_counts_the_state and the config checks cover.
+# (heads x head_dim = 2 hidden) and 4B's (1.6 hidden, 4 query heads per KV head) generalise; its config
+# differs from theirs only in the architecture, which test_memory_estimate_counts_the_state and the
+# config checks cover.
 STEPPED = ("0.6b", "4b")
 
 

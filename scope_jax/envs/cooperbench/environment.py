@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
-from scope_jax.envs.base import TurnResult
 from scope_jax.envs.cooperbench import repo, sandbox
 from scope_jax.envs.cooperbench.evaluation import Evaluator, Outcome, pytest_counts
 from scope_jax.envs.cooperbench.merge import source_changes

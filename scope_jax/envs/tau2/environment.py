@@ -40,8 +40,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
-from scope_jax.envs.base import TurnResult
 from scope_jax.envs.tau2 import data, prompts
 from scope_jax.envs.tau2.domain import Domain, DomainState, load_domain
 from scope_jax.envs.tau2.evaluator import GRADINGS, USER_STOP, Evaluation, evaluate

@@ -1,5 +1,7 @@
 """The environment interface: everything task-specific the dialogue loop needs, and nothing else.
 
+It lives with the dialogue loop that calls it; the environments (`scope_jax.envs`) implement it.
+
 An environment supplies scenarios (a persona, a task), each role's system prompt, optional opening
 messages, what happens after each turn (parse a tool call and append its result, detect an end
 signal), and the rewards once an episode is over. Text in, text out: tokenisation, sampling and
