@@ -42,13 +42,18 @@ HEARTBEAT_TIMEOUT_S = 60  # a process that stops answering is declared lost afte
 def initialize() -> None:
     """`jax.distributed.initialize` with the coordinator and process ids of experiments.launch_local's
     environment when it is set, else from Slurm's or a TPU VM's (JAX detects those). CPU collectives go
-    through gloo (XLA:CPU has no others)."""
+    through gloo (XLA:CPU has no others).
+
+    The processes then meet in one collective while they are still in step: on the CPU it builds the gloo
+    context, whose creation fails when one process reaches the first collective more than 30 s after
+    another (XLA's fixed key-value timeout); later collectives wait as long as they need."""
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if COORDINATOR in os.environ:
         jax.distributed.initialize(os.environ[COORDINATOR], int(os.environ[PROCESSES]),
                                    int(os.environ[PROCESS_ID]), heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
     else:
         jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+    multihost_utils.sync_global_devices("scope_jax.distributed.initialize")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -138,3 +138,19 @@ def test_a_lost_process_stops_the_job_in_one_line_and_the_restarted_job_resumes_
     out = finish(two_processes("experiments.run", *args, f"--workdir={tmp_path / 'two'}"))
     assert "resumed from step" in out, out
     assert_same_metrics(metric_records(tmp_path / "two"), metric_records(tmp_path / "one"))
+
+
+@pytest.mark.slow
+def test_a_process_that_reaches_the_first_collective_late_is_waited_for():
+    # XLA:CPU's gloo context creation gives up when a process arrives more than 30 s after another; the
+    # context built in distributed.initialize lets the job's own first collective wait.
+    job = two_processes("tests.training.distributed_late", "--late=32")
+    try:  # without the context the job fails too, but only after minutes of shutdown barriers
+        out, err = job.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        for pid in [*children(job.pid), job.pid]:
+            os.kill(pid, signal.SIGKILL)
+        pytest.fail("the job did not finish within 150 s")
+    assert job.returncode == 0, out + err
+    assert sorted(line for line in out.splitlines() if "gathered" in line) == [
+        "process 0 gathered [[0, 0], [1, 1]]", "process 1 gathered [[0, 0], [1, 1]]"], out
