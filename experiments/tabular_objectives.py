@@ -44,8 +44,8 @@ LABELS = {"adversarial": "adversarial", "cooperative": "cooperative",
           "regret": "regret (exact best response)",
           "adversarial_entropy": f"adversarial + entropy bonus "
                                  f"{tabular.OBJECTIVES['adversarial_entropy'].entropy_coef:g}"}
-STEP_RULE = (f"the smallest multiple of {STEP_UNIT} steps after which the frozen collapsed control's training "
-             f"value stays within {TOLERANCE:g} of its value at {PROBE_STEPS} steps, for every seed")
+STEP_RULE = (f"the smallest multiple of {STEP_UNIT} steps after which the frozen collapsed control's "
+             f"training value stays within {TOLERANCE:g} of its value at {PROBE_STEPS} steps, for every seed")
 CONTROL, BASE_CONTROL = "frozen", "frozen_base"
 
 
@@ -63,7 +63,8 @@ def study_arms() -> tuple[Arm, ...]:
     controls = (Arm(CONTROL, "frozen collapsed simulator", "adversarial", 0.0, 0.0, "collapsed"),
                 Arm(BASE_CONTROL, "frozen base simulator", "adversarial", 0.0, 0.0, "base"))
     return controls + tuple(
-        Arm(f"{objective}_kl{kl:g}_lr{lr:g}", f"{LABELS[objective]}, KL {kl:g}, simulator lr {lr:g}", objective,
+        Arm(f"{objective}_kl{kl:g}_lr{lr:g}", f"{LABELS[objective]}, KL {kl:g}, simulator lr {lr:g}",
+            objective,
             kl, lr, "collapsed")
         for objective in tabular.OBJECTIVES for kl in KL_COEFS for lr in SIM_LEARNING_RATES)
 
@@ -78,7 +79,8 @@ def train(arms: tuple[Arm, ...], steps: int, say: Callable[[str], None],
     """Every arm x seed for `steps` steps (vmapped, in chunks of STEP_UNIT with progress lines): the final
     outcomes [arms x seeds] and the training values before each step [arms x seeds, steps]."""
     logits = starts()
-    settings = [tabular.setting(tabular.OBJECTIVES[a.objective], a.kl_coef, a.sim_learning_rate, logits[a.start])
+    settings = [tabular.setting(tabular.OBJECTIVES[a.objective], a.kl_coef, a.sim_learning_rate,
+                                logits[a.start])
                 for a in arms for _ in SEEDS]
     batch = jax.tree.map(lambda *x: jnp.stack(x), *settings)
     agents = jnp.stack([jnp.asarray(tabular.initial_agent(seed, SEED_NOISE)) for _ in arms for seed in SEEDS])
@@ -124,14 +126,16 @@ def run(say: Callable[[str], None] = print) -> dict[str, Any]:
     heldout = per_arm["heldout_value"]
     untrained = [float(tabular.value(tabular.initial_agent(s, SEED_NOISE), starts()["base"])) for s in SEEDS]
     return {
-        "protocol": {"agent_learning_rate": AGENT_LEARNING_RATE, "optimizer": "Adam (optax defaults), both players",
+        "protocol": {"agent_learning_rate": AGENT_LEARNING_RATE,
+                     "optimizer": "Adam (optax defaults), both players",
                      "step_rule": STEP_RULE, "kl_coefs": KL_COEFS, "sim_learning_rates": SIM_LEARNING_RATES,
                      "seed_noise": SEED_NOISE, "ask_floor": tabular.ASK_FLOOR,
                      "entropy_coef": tabular.OBJECTIVES["adversarial_entropy"].entropy_coef},
         "steps": steps,
         "seeds": list(SEEDS),
         "untrained": {"heldout_value": stat(untrained)},
-        "arms": {a.name: {"label": a.label, "objective": a.objective, "kl": a.kl_coef, "lr": a.sim_learning_rate,
+        "arms": {a.name: {"label": a.label, "objective": a.objective, "kl": a.kl_coef,
+                          "lr": a.sim_learning_rate,
                           "start": a.start, **{k: stat(per_arm[k][index[a.name]]) for k in METRICS}}
                  for a in arms},
         "deltas": {a.name: {"heldout_value": stat(heldout[index[a.name]] - heldout[index[CONTROL]])}
@@ -153,7 +157,8 @@ def _cell(summary: dict[str, Any], name: str, key: str) -> str:
 COLUMNS: tuple[tuple[str, Callable[[dict, str], str]], ...] = (
     ("arm", lambda s, n: s["arms"][n]["label"]),
     ("held-out value", lambda s, n: _cell(s, n, "heldout_value")),
-    ("- frozen collapsed", lambda s, n: report.signed(s["deltas"][n]["heldout_value"]) if n in s["deltas"] else "-"),
+    ("- frozen collapsed",
+     lambda s, n: report.signed(s["deltas"][n]["heldout_value"]) if n in s["deltas"] else "-"),
     ("verdict", lambda s, n: report.direction(s["deltas"][n]["heldout_value"]) if n in s["deltas"] else "-"),
     ("training value", lambda s, n: _cell(s, n, "train_value")),
     ("simulator deviation", lambda s, n: _cell(s, n, "sim_deviation")),
@@ -168,8 +173,9 @@ def markdown(summary: dict[str, Any]) -> str:
         "# Simulator objectives in the tabular game (exact gradients)", "",
         f"Written by `python -m experiments.tabular_objectives` in {summary['wall_s']:.0f} s. "
         f"{len(summary['seeds'])} seeds (a seed perturbs the agent's initial logits by "
-        f"{protocol['seed_noise']:g} x N(0, 1)); {summary['steps']} steps of {protocol['optimizer']}, the agent "
-        f"at rate {protocol['agent_learning_rate']:g}, the steps chosen by the rule: {protocol['step_rule']}. "
+        f"{protocol['seed_noise']:g} x N(0, 1)); {summary['steps']} steps of {protocol['optimizer']}, "
+        f"the agent at rate {protocol['agent_learning_rate']:g}, the steps chosen by the rule: "
+        f"{protocol['step_rule']}. "
         "Held-out value: the final agent's exact value on the population; differences from the frozen "
         "collapsed simulator are paired by seed, with 95% t-intervals.", "",
         f"Untrained agent: held-out value {_fmt(summary['untrained']['heldout_value'])}. "
@@ -195,7 +201,8 @@ def tabular_null_sentence(summary: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, required=True, help="folder for tabular.json and tabular.md")
+    parser.add_argument("--out", type=pathlib.Path, required=True,
+                        help="folder for tabular.json and tabular.md")
     out = parser.parse_args().out
     out.mkdir(parents=True, exist_ok=True)
     summary = run()

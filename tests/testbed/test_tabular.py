@@ -22,7 +22,8 @@ def _logits(seed: int, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _numpy_value(agent_logits: np.ndarray, sim_logits: np.ndarray) -> float:
-    return personas.policy_value(_softmax(agent_logits.astype(np.float64)), _softmax(sim_logits.astype(np.float64)))
+    return personas.policy_value(_softmax(agent_logits.astype(np.float64)),
+                                 _softmax(sim_logits.astype(np.float64)))
 
 
 def _directional_fd(f, x: np.ndarray, direction: np.ndarray, h: float = 1e-4) -> float:
@@ -33,7 +34,8 @@ def _directional_fd(f, x: np.ndarray, direction: np.ndarray, h: float = 1e-4) ->
 @pytest.fixture(scope="module")
 def compiled():
     return {"value": jax.jit(tabular.value), "grad_agent": jax.jit(jax.grad(tabular.value)),
-            "grad_sim_gain": jax.jit(jax.grad(tabular.sim_gain)), "best_response": jax.jit(tabular.best_response),
+            "grad_sim_gain": jax.jit(jax.grad(tabular.sim_gain)),
+            "best_response": jax.jit(tabular.best_response),
             "train": jax.jit(tabular.train, static_argnums=(2, 3))}
 
 
@@ -46,7 +48,8 @@ def test_value_equals_the_numpy_enumeration(compiled):
     # the untrained agent's logits floor the early ask at ASK_FLOOR and keep the P4G strategy frequencies
     policy = _softmax(tabular.initial_agent(0, 0.0).astype(np.float64))
     p4g = personas.p4g_policy()
-    np.testing.assert_allclose(policy[:, personas.ASK], tabular.ASK_FLOOR / (1 + tabular.ASK_FLOOR), rtol=1e-5)
+    np.testing.assert_allclose(policy[:, personas.ASK], tabular.ASK_FLOOR / (1 + tabular.ASK_FLOOR),
+                               rtol=1e-5)
     np.testing.assert_allclose(policy[:, :personas.N_STRATEGIES], p4g[:, :personas.N_STRATEGIES]
                                / (1 + tabular.ASK_FLOOR), rtol=1e-5)
 
@@ -73,7 +76,8 @@ def test_exact_gradients_match_finite_differences_of_the_numpy_value(compiled):
 
 
 def test_best_response_is_the_numpy_backward_induction(compiled):
-    for sim in (_softmax(_logits(8, tabular.SIM_SHAPE)), personas.base_simulator(), personas.collapsed_simulator()):
+    for sim in (_softmax(_logits(8, tabular.SIM_SHAPE)), personas.base_simulator(),
+                personas.collapsed_simulator()):
         pi_star = np.asarray(compiled["best_response"](jnp.asarray(sim, jnp.float32)))
         np.testing.assert_array_equal(pi_star, personas.best_response(sim).policy)
 
@@ -87,7 +91,8 @@ def test_regret_gradient_is_that_of_max_value_minus_the_agents(compiled):
     true_regret = lambda q: (personas.best_response(_softmax(q)).value
                              - personas.policy_value(policy, _softmax(q)))
     d_sim = np.random.default_rng(11).normal(size=sim.shape)
-    assert np.sum(g_sim * d_sim) == pytest.approx(_directional_fd(true_regret, sim, d_sim), rel=1e-3, abs=1e-6)
+    numeric = _directional_fd(true_regret, sim, d_sim)
+    assert np.sum(g_sim * d_sim) == pytest.approx(numeric, rel=1e-3, abs=1e-6)
 
 
 def test_frozen_simulators_stay_bit_for_bit_while_the_agent_trains(compiled):

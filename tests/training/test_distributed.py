@@ -11,6 +11,7 @@ a hundred times float32's epsilon. (On this machine the runs came out bit-identi
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -152,5 +153,5 @@ def test_a_process_that_reaches_the_first_collective_late_is_waited_for():
             os.kill(pid, signal.SIGKILL)
         pytest.fail("the job did not finish within 150 s")
     assert job.returncode == 0, out + err
-    assert sorted(line for line in out.splitlines() if "gathered" in line) == [
-        "process 0 gathered [[0, 0], [1, 1]]", "process 1 gathered [[0, 0], [1, 1]]"], out
+    # the launcher passes both processes' output through as it comes, so their lines may run together
+    assert sorted(re.findall(r"process (\d) gathered \[\[0, 0\], \[1, 1\]\]", out)) == ["0", "1"], out
