@@ -64,8 +64,7 @@ def study_arms() -> tuple[Arm, ...]:
                 Arm(BASE_CONTROL, "frozen base simulator", "adversarial", 0.0, 0.0, "base"))
     return controls + tuple(
         Arm(f"{objective}_kl{kl:g}_lr{lr:g}", f"{LABELS[objective]}, KL {kl:g}, simulator lr {lr:g}",
-            objective,
-            kl, lr, "collapsed")
+            objective, kl, lr, "collapsed")
         for objective in tabular.OBJECTIVES for kl in KL_COEFS for lr in SIM_LEARNING_RATES)
 
 
@@ -105,11 +104,6 @@ def choose_steps(values: np.ndarray, final: np.ndarray) -> int:
     raise ValueError(f"the frozen collapsed control does not settle within {PROBE_STEPS} steps")
 
 
-def stat(values) -> dict[str, Any]:
-    mean, hw = report.interval(values)
-    return {"mean": mean, "ci95": hw, "seeds": np.asarray(values, np.float64).tolist()}
-
-
 METRICS = ("heldout_value", "train_value", "sim_deviation", "sim_kl_to_start")
 
 
@@ -124,7 +118,8 @@ def run(say: Callable[[str], None] = print) -> dict[str, Any]:
     per_arm = {k: np.asarray(getattr(outcome, k), np.float64).reshape(len(arms), len(SEEDS)) for k in METRICS}
     index = {a.name: i for i, a in enumerate(arms)}
     heldout = per_arm["heldout_value"]
-    untrained = [float(tabular.value(tabular.initial_agent(s, SEED_NOISE), starts()["base"])) for s in SEEDS]
+    base = starts()["base"]
+    untrained = [float(tabular.value(tabular.initial_agent(s, SEED_NOISE), base)) for s in SEEDS]
     return {
         "protocol": {"agent_learning_rate": AGENT_LEARNING_RATE,
                      "optimizer": "Adam (optax defaults), both players",
@@ -133,20 +128,20 @@ def run(say: Callable[[str], None] = print) -> dict[str, Any]:
                      "entropy_coef": tabular.OBJECTIVES["adversarial_entropy"].entropy_coef},
         "steps": steps,
         "seeds": list(SEEDS),
-        "untrained": {"heldout_value": stat(untrained)},
+        "untrained": {"heldout_value": report._stat(untrained)},
         "arms": {a.name: {"label": a.label, "objective": a.objective, "kl": a.kl_coef,
                           "lr": a.sim_learning_rate,
-                          "start": a.start, **{k: stat(per_arm[k][index[a.name]]) for k in METRICS}}
+                          "start": a.start, **{k: report._stat(per_arm[k][index[a.name]]) for k in METRICS}}
                  for a in arms},
-        "deltas": {a.name: {"heldout_value": stat(heldout[index[a.name]] - heldout[index[CONTROL]])}
+        "deltas": {a.name: {"heldout_value": report._stat(heldout[index[a.name]] - heldout[index[CONTROL]])}
                    for a in arms if a.sim_learning_rate > 0},
-        "frozen_base_gap": stat(heldout[index[BASE_CONTROL]] - heldout[index[CONTROL]]),
+        "frozen_base_gap": report._stat(heldout[index[BASE_CONTROL]] - heldout[index[CONTROL]]),
         "wall_s": round(time.perf_counter() - start, 1),
     }
 
 
-def _fmt(stat_: dict[str, Any]) -> str:
-    return report.fmt((stat_["mean"], stat_["ci95"]))
+def _fmt(stat: dict[str, Any]) -> str:
+    return report.fmt(report._pair(stat))
 
 
 def _cell(summary: dict[str, Any], name: str, key: str) -> str:
