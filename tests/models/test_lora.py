@@ -199,7 +199,7 @@ def test_an_adapter_saves_and_loads_on_its_own(adapted, tmp_path):
     _, loaded = lora.load(tmp_path, graphdef, base)
     jax.tree.map(np.testing.assert_array_equal, loaded.adapter, params.adapter)
     assert loaded.base is base
-    with pytest.raises(FileNotFoundError, match="no adapter.safetensors"):
+    with pytest.raises(FileNotFoundError, match="is not an adapter folder"):
         lora.load(tmp_path / "missing", graphdef, base)
     with pytest.raises(ValueError, match="does not fit this model"):
         lora.load(tmp_path, *init(dataclasses.replace(CONFIG, hidden_size=32, head_dim=8)))
