@@ -14,7 +14,8 @@ Every function that takes `(graphdef, params)` takes a LoRA model as it is: it b
 (`trainable_labels`).
 
 `lora_b` starts at zero, so a fresh adapter leaves the base's outputs unchanged. Adapters save and load on
-their own (`save_adapter`, `load_adapter`: one safetensors file and its settings as json); `merge` gives
+their own (`save_adapter`, `load_adapter`: one safetensors file and its settings as json), in this
+project's layout or in peft's (`LAYOUTS`; peft's is what transformers + peft and vLLM read); `merge` gives
 the plain model W + (alpha / rank) A B, for `hf.save_pretrained`.
 """
 
