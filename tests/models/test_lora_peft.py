@@ -1,6 +1,7 @@
 """peft interop (`lora.save_adapter(format="peft")`, `lora.load_adapter`): our adapter exported in peft's
 layout gives our logits in transformers + peft, and an adapter trained and saved by peft gives peft's logits
-in ours; both layouts hold the same adapter bit for bit, and a malformed adapter folder is refused in one line."""
+in ours; both layouts hold the same adapter bit for bit, and a malformed adapter folder is refused in one
+line."""
 
 import json
 
@@ -11,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from scope_jax.models import from_pretrained, init, lora
 
-from .test_lora import CONFIG, EVERY, jit_forward, tokens_and_positions, trained_like
+from .test_lora import CONFIG, EVERY, jit_forward, tiny_llama_with_adapter, tokens_and_positions, trained_like
 
 PEFT_SETTINGS = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8,
                  "target_modules": list(EVERY.targets)}
@@ -106,10 +107,7 @@ def test_our_adapter_exported_to_peft_gives_our_logits_in_transformers(tiny_hf, 
     torch = pytest.importorskip("torch")
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
-    folder, _ = tiny_hf("llama")
-    _, (graphdef, base), _ = from_pretrained(folder)
-    lora_graphdef, params = lora.init(graphdef, base, EVERY, seed=3)
-    params = params._replace(adapter=trained_like(params.adapter, 4, scale=0.1))
+    folder, graphdef, base, lora_graphdef, params = tiny_llama_with_adapter(tiny_hf, scale=0.1)
     lora.save_adapter(tmp_path, params.adapter, EVERY, format="peft", base_model=str(folder))
     reference = peft.PeftModel.from_pretrained(
         transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), tmp_path).eval()
