@@ -392,8 +392,9 @@ def load_adapter(folder: str | os.PathLike) -> tuple[LoRAConfig, Params]:
 
 def load(folder: str | os.PathLike, graphdef: nnx.GraphDef,
          params: Params) -> tuple[nnx.GraphDef, LoRAParams]:
-    """The saved adapter in `folder` on the plain model (graphdef, params); shapes are checked, and the
-    adapter takes the dtype a fresh adapter of this model has (a float32 adapter on a bfloat16 base)."""
+    """The adapter saved in `folder` (either layout) on the plain model (graphdef, params); shapes are
+    checked, and the adapter takes the dtype a fresh adapter of this model has (a float32 adapter on a
+    bfloat16 base)."""
     config, adapter = load_adapter(folder)
     lora_graphdef, fresh = init(graphdef, params, config)
     expected = jax.tree.map(lambda x: x.shape, fresh.adapter)
