@@ -4,6 +4,7 @@ in ours; both layouts hold the same adapter bit for bit, and a malformed adapter
 line."""
 
 import json
+import pathlib
 
 import jax
 import numpy as np
@@ -45,6 +46,13 @@ def test_the_peft_layout_holds_the_same_adapter_bit_for_bit(adapter, tmp_path):
     lora.save_adapter(tmp_path / "ours", adapter, EVERY, format="peft")  # replaces the other layout's file
     assert lora.adapter_weights_file(tmp_path / "ours").name == lora.PEFT_ADAPTER_FILE
     assert not (tmp_path / "ours" / lora.ADAPTER_FILE).exists()
+
+
+def test_the_committed_p4g_proxy_ships_in_peft_layout_only():
+    folder = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results" / "p4g_proxy" / "adapter"
+    assert sorted(p.name for p in folder.iterdir()) == [lora.CONFIG_FILE, lora.PEFT_ADAPTER_FILE]
+    config, _ = lora.load_adapter(folder)
+    assert config == lora.LoRAConfig(rank=8, alpha=16.0, targets=lora.ATTENTION_TARGETS)
 
 
 def _without(key):
