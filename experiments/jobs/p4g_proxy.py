@@ -62,8 +62,11 @@ def check(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config key 'role' is {config.role!r}; the proxy is the persuadee, 'sim'")
     if config.fidelity.dialogues % config.fidelity.batch:
         raise ConfigError("config key 'fidelity.dialogues' must be a multiple of 'fidelity.batch'")
-    if config.adapter and not (pathlib.Path(config.adapter) / lora.ADAPTER_FILE).is_file():
-        raise ConfigError(f"config key 'adapter' is {config.adapter!r}, which holds no {lora.ADAPTER_FILE}")
+    if config.adapter:
+        try:
+            lora.adapter_weights_file(config.adapter)
+        except (FileNotFoundError, ValueError) as error:
+            raise ConfigError(f"config key 'adapter': {error}") from None
     sft.check(config)
 
 
@@ -134,7 +137,7 @@ def fidelity_table(results: dict) -> str:
 
 
 def adapter_sha256(folder: str | pathlib.Path) -> str:
-    return hashlib.sha256((pathlib.Path(folder) / lora.ADAPTER_FILE).read_bytes()).hexdigest()
+    return hashlib.sha256(lora.adapter_weights_file(folder).read_bytes()).hexdigest()
 
 
 def evaluate(config, tokenizer, arms: dict[str, tuple], run_dir: RunDir, adapter: pathlib.Path) -> dict:
