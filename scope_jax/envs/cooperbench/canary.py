@@ -125,12 +125,12 @@ def _renamed(source: str, name: str) -> str:
     return ast.unparse(function)
 
 
-def plant(files: dict[str, bytes | None], chosen: list[Mutant]) -> tuple[dict[str, bytes], dict[str, str]]:
+def plant(files: dict[str, bytes | None], chosen: list[Mutant]) -> tuple[dict[str, bytes], dict[str, Mutant | None]]:
     """`chosen` written into the test files `files` (post-images of the tests patch), each beside the
     function it copies; the original and its mutants renamed alike and in a random order. Returns the
-    changed files and, for each new name, "mutant" or "original"."""
+    changed files and, for each new name, its mutant (None: the original)."""
     rng = random.Random(secrets.randbits(64))
-    roles: dict[str, str] = {}
+    roles: dict[str, Mutant | None] = {}
     changed = {}
     for path in sorted({m.path for m in chosen}):
         text = files[path].decode()
@@ -140,14 +140,13 @@ def plant(files: dict[str, bytes | None], chosen: list[Mutant]) -> tuple[dict[st
         for function in names:  # bottom up, so that earlier line numbers stay valid
             node = functions[function]
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
-            group = [("original", ast.unparse(node)),
-                     *(("mutant", m.source) for m in chosen if m.path == path and m.function == function)]
+            group = [None, *(m for m in chosen if m.path == path and m.function == function)]
             rng.shuffle(group)
             written = []
-            for role, source in group:
+            for mutant in group:
                 name = f"{function}_{secrets.token_hex(3)}"
-                roles[name] = role
-                written.append(_renamed(source, name) + "\n")
+                roles[name] = mutant
+                written.append(_renamed(ast.unparse(node) if mutant is None else mutant.source, name) + "\n")
             lines[first:node.end_lineno] = ["\n\n".join(written)]
         changed[path] = "".join(lines).encode()
     return changed, roles
