@@ -202,15 +202,17 @@ class Evaluator:
 
     def run_tests(self, task: Task, files: Changes) -> TaskRun:
         """The visible tests: run_tests.sh on the base with `files` written over it, no hidden tests."""
-        return self._cached_run(task, files, None, ())
+        return self._cached_run(task, files, None, (), every_mutant=False)
 
-    def _cached_run(self, task: Task, files: Changes, tests_patch: str | None,
-                    plant: Sequence[canary.Mutant]) -> TaskRun:
-        key = (str(task.path), tree_digest(files), tests_patch, tuple(plant))
+    def _cached_run(self, task: Task, files: Changes, tests_patch: str | None, mutants: Sequence[canary.Mutant],
+                    every_mutant: bool) -> TaskRun:
+        """A run with every one of `mutants` planted, or (a scored run) CANARIES of them drawn anew."""
+        key = (str(task.path), tree_digest(files), tests_patch, every_mutant)
         if key in self._cache:
             self._cache.move_to_end(key)
             self.cache_hits += 1
             return self._cache[key]
+        plant = list(mutants) if every_mutant else _choose(mutants, random.Random(secrets.randbits(64)))
         run = self._run(task, files, tests_patch, plant)
         self.test_runs += 1
         if run.result.status != "timeout":
@@ -272,7 +274,8 @@ class Evaluator:
             tests_files = post_images(base, feature.tests_patch)
             before = {path: (base / path).read_bytes() if (base / path).is_file() else None for path in tests_files}
             mutants = canary.mutants(tests_files, before, secrets.randbits(64))
-            run = self._cached_run(task, post_images(base, feature.patch), feature.tests_patch, mutants)
+            run = self._cached_run(task, post_images(base, feature.patch), feature.tests_patch, mutants,
+                                   every_mutant=True)
             own, items = _split(run)
             problem = _gold_problem(run, own)
             if problem:
@@ -287,8 +290,9 @@ class Evaluator:
 
     def _scored(self, task: Task, feature_id: int, files: Changes, gold: Gold) -> FeatureResult:
         """The feature's hidden tests on the base with `files`, by the pass rule (module docstring)."""
-        chosen = _choose(gold.mutants, random.Random(secrets.randbits(64)))
-        run = self._cached_run(task, files, task.feature(feature_id).tests_patch, chosen)
+        run = self._cached_run(task, files, task.feature(feature_id).tests_patch, gold.mutants,
+                               every_mutant=False)
+        chosen = [mutant for mutant in run.roles.values() if mutant is not None]
         own, items = _split(run)
         found = counts(own.values()) if run.report else None
         claims = found is not None and found["passed"] > 0 and not found["failed"] and not found["error"]
