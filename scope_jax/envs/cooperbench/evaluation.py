@@ -300,9 +300,9 @@ class Evaluator:
         expected = gold.counts if self.exact_count else None
         reason = (f"sandbox {run.result.status}" if run.result.status != "exited" else
                   "no complete test report" if run.report is None or not run.report.finished else
+                  "a test failed or none passed" if not claims else
                   "a canary did not fail" if not canaries_failed else
-                  f"counts {found} differ from the gold run's {expected}" if expected not in (None, found) else
-                  "a test failed or none passed" if not claims else "")
+                  f"counts {found} differ from the gold run's {expected}" if expected not in (None, found) else "")
         tampered = claims and not canaries_failed
         if tampered:
             self.tampered += 1
