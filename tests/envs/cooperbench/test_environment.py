@@ -44,6 +44,21 @@ def test_gold_agents_score_one(env):
     assert not list(env.repos.root.glob("worktrees/*"))  # removed once the episode is scored
 
 
+def test_a_nested_repository_written_past_the_tools_scores_zero_and_is_counted(env):
+    episode = Episode(_pair(env), 0)
+    _turn(env, episode, AGENT, format_call("finish"))  # makes the seats' worktrees
+    worktree = episode.info["cooperbench_session"][AGENT].worktree
+    for path in ("sub/.git/HEAD", "sub/.git/objects/info/x", "sub/.git/refs/x", "sub/a.py"):
+        (worktree / path).parent.mkdir(parents=True, exist_ok=True)
+        (worktree / path).write_text("ref: refs/heads/main\n" if path.endswith("HEAD") else "x = 1\n")
+    before = env.git_errors
+    rewards = env.rewards(episode)
+    assert (rewards[AGENT], rewards["git_error"], env.git_errors) == (0.0, 1.0, before + 1)
+    reasons = [f["reason"] for f in episode.info[RECORD]["features"]]
+    assert all(r.startswith("the changes cannot be read: git add -A") and "\n" not in r for r in reasons)
+    assert not list(env.repos.root.glob("worktrees/*"))
+
+
 def test_empty_agents_score_zero(env):
     episode = _play(env, "empty")
     assert (episode.rewards["agent"], episode.rewards["partial"], episode.rewards["steps"]) == (0.0, 0.0, 2.0)
