@@ -69,8 +69,9 @@ def _near(value, rng: random.Random):
     return None
 
 
-def _changes(function: ast.FunctionDef, rng: random.Random) -> list:
-    """Callables that each make one change to (a copy of) `function`'s assertions, in a fixed order."""
+def _changes(function: ast.FunctionDef, rng: random.Random) -> list[tuple]:
+    """Each change `_apply` can make to one of `function`'s assertions: (the assertion's index, "flip",
+    "not" or "constant", and for a constant its index in the assertion and its new value)."""
     changes = []
     asserts = [n for n in ast.walk(function) if isinstance(n, ast.Assert)]
     for k, node in enumerate(asserts):
@@ -87,7 +88,8 @@ def _changes(function: ast.FunctionDef, rng: random.Random) -> list:
     return changes
 
 
-def _apply(function: ast.FunctionDef, change) -> ast.FunctionDef:
+def _apply(function: ast.FunctionDef, change: tuple) -> ast.FunctionDef:
+    """A copy of `function` with `change` (one of `_changes`) made."""
     copy = ast.parse(ast.unparse(function)).body[0]
     k, kind, detail = change
     node = [n for n in ast.walk(copy) if isinstance(n, ast.Assert)][k]
