@@ -41,7 +41,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.agents = ("gold", "empty")
     c.modes = ("coop", "solo")
     c.max_turns = 16
-    c.isolation = "auto"  # sandbox: auto, namespaces or process
+    c.isolation = "namespaces"  # sandbox: namespaces, or "process" to accept the weaker level
     c.test_wall_seconds = 20.0
     return c
 

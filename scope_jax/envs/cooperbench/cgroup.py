@@ -1,14 +1,16 @@
-"""A memory cap on a whole process tree: one cgroup per sandbox run (v2 `memory.max`, else v1
-`memory.limit_in_bytes`), made under this process's own cgroup.
+"""Caps on a whole process tree: one cgroup per sandbox run and controller, made under this process's own
+cgroup. `memory_cap(limit)`: v2 `memory.max`, else v1 `memory.limit_in_bytes` (swap capped too);
+`cpu_cap(cpus)`: v2 `cpu.max`, else v1 `cpu.cfs_quota_us`.
 
-`MemoryCgroup.make(limit)` returns None where no writable memory cgroup can be had (no cgroup file
-system, not permitted, no memory controller); the sandbox then counts and logs the fallback (each process
-keeps only its own RLIMIT_AS). A run's processes join the cgroup before they exec (`join`); `close` kills
-whatever is still in it and removes it.
+`Cgroup.make(cap)` returns None where no writable cgroup of that controller can be had (no cgroup file
+system, not permitted, no such controller); the sandbox then counts and logs the fallback. A run's
+processes join the cgroups before they exec (`join`); `close` kills whatever is still in one and
+removes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import pathlib
@@ -36,42 +38,62 @@ def _own_paths() -> dict[str, str]:
     return paths
 
 
-def _candidates() -> list[tuple[pathlib.Path, str, str]]:
-    """(parent folder, limit file, swap limit file) to try, v2 first."""
+@dataclasses.dataclass(frozen=True)
+class Cap:
+    """A controller's settings: (file, value) pairs for a v2 and for a v1 hierarchy; the first of each
+    must be written, the others are written where they exist."""
+
+    controller: str
+    v2: tuple[tuple[str, str], ...]
+    v1: tuple[tuple[str, str], ...]
+
+
+def memory_cap(limit: int) -> Cap:
+    # with swap, memory beyond the cap would be swapped out rather than refused
+    return Cap("memory", (("memory.max", str(limit)), ("memory.swap.max", "0")),
+               (("memory.limit_in_bytes", str(limit)), ("memory.memsw.limit_in_bytes", str(limit))))
+
+
+def cpu_cap(cpus: float, period: int = 100_000) -> Cap:
+    quota = max(int(cpus * period), 1000)
+    return Cap("cpu", (("cpu.max", f"{quota} {period}"),),
+               (("cpu.cfs_quota_us", str(quota)), ("cpu.cfs_period_us", str(period))))
+
+
+def _candidates(controller: str) -> list[tuple[pathlib.Path, bool]]:
+    """(parent folder, is v2) to try for `controller`, v2 first."""
     own, found = _own_paths(), []
     for point, kind, options in _mounts():
         if kind == "cgroup2" and "" in own:
-            found.append((pathlib.Path(point + own[""]), "memory.max", "memory.swap.max"))
-        elif kind == "cgroup" and "memory" in options.split(",") and "memory" in own:
-            found.append((pathlib.Path(point + own["memory"]), "memory.limit_in_bytes",
-                          "memory.memsw.limit_in_bytes"))
-    return sorted(found, key=lambda c: c[1] != "memory.max")
+            found.append((pathlib.Path(point + own[""]), True))
+        elif kind == "cgroup" and controller in options.split(",") and controller in own:
+            found.append((pathlib.Path(point + own[controller]), False))
+    return sorted(found, key=lambda c: not c[1])
 
 
-class MemoryCgroup:
-    """One run's cgroup, capped at `limit` bytes of memory for all its processes together."""
+class Cgroup:
+    """One run's cgroup of one controller."""
 
     def __init__(self, path: pathlib.Path):
         self.path = path
         self.procs = path / "cgroup.procs"
 
     @classmethod
-    def make(cls, limit: int) -> MemoryCgroup | None:
-        for parent, limit_file, swap_file in _usable():
+    def make(cls, cap: Cap) -> Cgroup | None:
+        for parent, v2 in _usable(cap.controller):
+            settings = cap.v2 if v2 else cap.v1
             path = parent / f"{PREFIX}{uuid.uuid4().hex[:12]}"
             try:
                 path.mkdir()
             except OSError:
                 continue
             try:
-                (path / limit_file).write_text(str(limit))
+                for i, (name, value) in enumerate(settings):
+                    if i == 0 or (path / name).exists():
+                        (path / name).write_text(value)
             except OSError:
                 path.rmdir()
                 continue
-            try:  # with swap, memory beyond the cap would be swapped out rather than refused
-                (path / swap_file).write_text(str(limit if swap_file.startswith("memory.memsw") else 0))
-            except OSError:
-                pass
             return cls(path)
         return None
 
@@ -104,23 +126,26 @@ class MemoryCgroup:
                 time.sleep(0.02)
 
 
+CONTROL_FILES = {"memory": ("memory.max", "memory.limit_in_bytes"), "cpu": ("cpu.max", "cpu.cfs_quota_us")}
+
+
 @functools.cache
-def _usable() -> tuple[tuple[pathlib.Path, str, str], ...]:
-    """The candidates where a child with a memory limit file can be made (probed once)."""
+def _usable(controller: str) -> tuple[tuple[pathlib.Path, bool], ...]:
+    """The candidates where a child with the controller's limit file can be made (probed once)."""
     usable = []
-    for parent, limit_file, swap_file in _candidates():
+    for parent, v2 in _candidates(controller):
         probe = parent / f"{PREFIX}probe-{uuid.uuid4().hex[:8]}"
         try:
             probe.mkdir()
         except OSError:
             continue
         try:
-            if (probe / limit_file).exists():
-                usable.append((parent, limit_file, swap_file))
+            if (probe / CONTROL_FILES[controller][0 if v2 else 1]).exists():
+                usable.append((parent, v2))
         finally:
             probe.rmdir()
     return tuple(usable)
 
 
-def available() -> bool:
-    return bool(_usable())
+def available(controller: str) -> bool:
+    return bool(_usable(controller))

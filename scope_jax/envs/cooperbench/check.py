@@ -1,6 +1,6 @@
 """The build check of a folder of tasks (our suite by default):
 
-  python -m scope_jax.envs.cooperbench.check [TASKS_DIR] [--isolation=auto|namespaces|process]
+  python -m scope_jax.envs.cooperbench.check [TASKS_DIR] [--isolation=namespaces|process]
 
 For every task: each feature's gold patch applies to the base, touches no test or harness file and
 passes its own hidden tests, which fail on the base; combined.patch passes every feature's tests; and for
@@ -56,7 +56,7 @@ def _gold_problems(task: Task, evaluator: Evaluator) -> tuple[dict[int, dict], d
         where = f"{task.name} feature{feature.id}"
         try:
             images = post_images(base, feature.patch)
-            evaluator.gold_count(task, feature.id)
+            evaluator.gold(task, feature.id)
         except (GitError, TaskFormatError) as e:
             problems[feature.id].append(f"{where}: {e}")
             continue
@@ -121,7 +121,7 @@ def table(checks: list[TaskCheck]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("tasks_dir", nargs="?", default=str(SUITE_DIR))
-    parser.add_argument("--isolation", default="auto", choices=sandbox.ISOLATIONS)
+    parser.add_argument("--isolation", default="namespaces", choices=sandbox.ISOLATIONS)
     args = parser.parse_args(argv)
     try:
         tasks = load_tasks(args.tasks_dir)

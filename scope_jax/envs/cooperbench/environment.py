@@ -22,7 +22,9 @@ the evaluator (evaluation.py) strips test files, merges (plain, then union) and 
 hidden tests on the merge. Both roles get 1 when all the episode's features pass, else 0; with
 `partial_credit` they get the fraction that passes instead. Logged with them (floats, averaged by the
 loop): success, partial, feature_a_pass / feature_b_pass (seat 1's / seat 2's feature), naive_conflict
-(the plain merge had conflicts), merge_failed (conflicts left unresolved), conflict_hunks, messages_sent,
+(the plain merge had conflicts), merge_failed (conflicts left unresolved), git_error (a seat's changes
+could not be read by git, e.g. a nested repository it wrote: scored 0, counted in `git_errors`, logged
+in one line), conflict_hunks, messages_sent,
 tool_errors, idle_turns, finished (share of seats that called finish), steps. The full record (merge,
 each feature's test result, each seat's stripped patch, error counts) is episode.info["cooperbench"].
 
@@ -37,6 +39,7 @@ and are evaluated and cleaned up, independently.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 import weakref
 from typing import Any
@@ -46,12 +49,14 @@ import numpy as np
 from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
 from scope_jax.envs.cooperbench import repo, sandbox
-from scope_jax.envs.cooperbench.evaluation import Evaluator, Outcome, pytest_counts
-from scope_jax.envs.cooperbench.merge import source_changes
+from scope_jax.envs.cooperbench.evaluation import Evaluator, FeatureResult, Outcome, counts
+from scope_jax.envs.cooperbench.merge import MergeResult, source_changes
 from scope_jax.envs.cooperbench.suite import SUITE_DIR
 from scope_jax.envs.cooperbench.tasks import Task, load_tasks
 from scope_jax.envs.cooperbench.tools import (TOOLS, ToolCallError, ToolError, Worktree, clip, format_call,
                                               parse_call)
+
+log = logging.getLogger(__name__)
 
 MODES = ("coop", "solo")
 SPLITS = ("train", "eval")
@@ -130,7 +135,7 @@ class CooperBenchEnv:
     max_messages: int = 8  # per seat
     max_observation_chars: int = 4000
     max_file_bytes: int = 64 << 10
-    isolation: str = "auto"
+    isolation: str = "namespaces"
     test_wall_seconds: float = 20.0
     eval_tasks: tuple[str, ...] = ()  # names of the tasks held out for the "eval" split
     swap_seats: bool = False  # train split: each drawn pair's seat order at random
@@ -153,6 +158,7 @@ class CooperBenchEnv:
         self._cleanup = weakref.finalize(self, self.repos.close)
         limits = sandbox.Limits(wall_seconds=self.test_wall_seconds)
         self.evaluator = Evaluator(self.repos, limits, self.isolation, self.union_merge, self.exact_count)
+        self.git_errors = 0  # episodes scored 0 because git could not read a seat's changes
 
     def close(self) -> None:
         """Remove the worktrees and task repositories (also done when the environment is collected)."""
@@ -221,10 +227,17 @@ class CooperBenchEnv:
             changes = [repo.changes(session[r].worktree) if r in session else {} for r in self.roles]
             patches = [self._patch_record(session[r].worktree, c) if r in session else ""
                        for r, c in zip(self.roles, changes)]
+        except repo.GitError as e:  # what an agent wrote (a nested repository) keeps git from reading it
+            changes, patches = None, ["" for _ in self.roles]
+            self.git_errors += 1
+            log.warning("cooperbench: episode scored 0, its changes cannot be read: %s", e)
+            outcome = Outcome(MergeResult("git_error", {}), tuple(
+                FeatureResult(f, False, reason=f"the changes cannot be read: {e}") for f in features), ())
         finally:
             for seat in session.values():
                 self.repos.remove_worktree(scenario.task, seat.worktree)
-        outcome = self.evaluator.evaluate(scenario.task, features, changes)
+        if changes is not None:
+            outcome = self.evaluator.evaluate(scenario.task, features, changes)
         episode.info[RECORD] = self._record(outcome, session, patches)
         return self._reward_values(outcome, session)
 
@@ -272,7 +285,7 @@ class CooperBenchEnv:
             if call.name == "run_tests":
                 return [self._result(role, self._visible_tests(scenario.task, seat))]
             return [self._result(role, getattr(worktree, call.name)(**call.args))]
-        except (ToolError, OSError) as e:
+        except (ToolError, OSError, repo.GitError) as e:
             seat.count_error("refused")
             return [self._result(role, f"error: {e}")]
 
@@ -293,11 +306,11 @@ class CooperBenchEnv:
     def _visible_tests(self, task: Task, seat: Seat) -> str:
         """The visible tests (the checkout's own, never the hidden ones) on the seat's checkout."""
         run = self.evaluator.run_tests(task, repo.changes(seat.worktree))
-        counts = pytest_counts(run.output)
-        summary = (f"{counts.passed} passed, {counts.failed} failed, {counts.errors} errors" if counts
-                   else "no test summary")
-        verdict = "passed" if run.ok else f"FAILED ({run.status}, exit {run.exit_code})"
-        return f"visible tests {verdict}: {summary}\n{run.output}"
+        found = counts(run.report.outcomes.values()) if run.report else None
+        summary = ((", ".join(f"{n} {outcome}" for outcome, n in found.items() if n) or "no tests") if found
+                   else "no test report")
+        verdict = "passed" if run.result.ok else f"FAILED ({run.result.status}, exit {run.result.exit_code})"
+        return f"visible tests {verdict}: {summary}\n{run.result.output}"
 
     def _patch_record(self, worktree: pathlib.Path, changes: repo.Changes) -> str:
         kept, _ = source_changes(changes)
@@ -320,6 +333,7 @@ class CooperBenchEnv:
                 "feature_a_pass": passes[0], "feature_b_pass": passes[1],
                 "naive_conflict": float(outcome.merge.conflicts > 0),
                 "merge_failed": float(outcome.merge.status == "conflict"),
+                "git_error": float(outcome.merge.status == "git_error"),
                 "conflict_hunks": float(outcome.merge.conflicts), "messages_sent": total("messages_sent"),
                 "tool_errors": float(sum(sum(seat.errors.values()) for seat in seats)),
                 "idle_turns": total("idle_turns"),

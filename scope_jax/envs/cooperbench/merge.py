@@ -2,8 +2,9 @@
 
 Agents may not change tests: `source_changes` drops every file CooperBench's evaluator filters (a path
 containing /test_, /tests/, _test.py, /test/ or tests.py) and the files that steer pytest or Python
-itself (conftest.py, pytest.ini, setup.cfg, pyproject.toml, tox.ini, *.pth, sitecustomize.py,
-usercustomize.py).
+itself: every file name pytest reads options from (pytest.ini, .pytest.ini, pyproject.toml, tox.ini,
+setup.cfg), conftest.py, sitecustomize.py, usercustomize.py, *.pth, and anything under a *.dist-info or
+*.egg-info folder (package metadata, whose entry points load pytest plugins).
 
 `merge` works file by file on contents, as `git merge-file` does in the paper's pipeline: a file changed
 by one side is taken from it, identical changes are taken once, and a file both sides changed is merged
@@ -26,16 +27,17 @@ from typing import Callable
 from scope_jax.envs.cooperbench.repo import Changes
 
 TEST_MARKERS = ("/test_", "/tests/", "_test.py", "/test/", "tests.py")
-HARNESS_FILES = ("conftest.py", "pytest.ini", "setup.cfg", "pyproject.toml", "tox.ini", "sitecustomize.py",
-                 "usercustomize.py")
+HARNESS_FILES = ("conftest.py", "pytest.ini", ".pytest.ini", "setup.cfg", "pyproject.toml", "tox.ini",
+                 "sitecustomize.py", "usercustomize.py")
+METADATA_FOLDERS = (".dist-info", ".egg-info")
 LABELS = ("seat2", "base", "seat1")
 
 
 def is_protected(path: str) -> bool:
     """A test or harness file, which agents' changes may not touch."""
-    name = path.rsplit("/", 1)[-1]
+    *folders, name = path.split("/")
     return (any(marker in "/" + path for marker in TEST_MARKERS) or name in HARNESS_FILES
-            or name.endswith(".pth"))
+            or name.endswith(".pth") or any(folder.endswith(METADATA_FOLDERS) for folder in folders))
 
 
 def source_changes(changes: Changes) -> tuple[dict[str, bytes | None], tuple[str, ...]]:

@@ -10,7 +10,7 @@ takes `old` and `new` from the first two. A turn it cannot read raises ToolCallE
 ("no_call", "bad_json", "unknown_tool", "bad_arguments") for the caller to count.
 
 `Worktree` runs the file tools; a path that is absolute, climbs out with "..", passes through a symlink,
-or points into .git is refused, as are binary files and files or contents above `max_file_bytes`. A
+or passes through a .git folder (at any depth) is refused, as are binary files and files or contents above `max_file_bytes`. A
 refused call raises ToolError, whose message becomes the call's error result.
 """
 
@@ -193,7 +193,7 @@ class Worktree:
             return self.root
         if os.path.isabs(path) or ".." in parts:
             raise ToolError(f"path {path!r} leaves your checkout: use a path relative to its root")
-        if parts[0] == ".git":
+        if ".git" in parts:
             raise ToolError(f"path {path!r} is inside .git, which the tools do not touch")
         current = self.root
         for part in parts:
@@ -224,7 +224,7 @@ class Worktree:
         if not folder.is_dir():
             raise ToolError(f"no folder {path!r}")
         files = sorted(p.relative_to(self.root).as_posix() for p in folder.rglob("*")
-                       if p.is_file() and not p.is_symlink() and p.relative_to(self.root).parts[0] != ".git")
+                       if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(self.root).parts)
         shown = files[:self.max_listing]
         more = f"\n[... and {len(files) - len(shown)} more]" if len(files) > len(shown) else ""
         return "\n".join(shown) + more if files else f"(no files under {path!r})"

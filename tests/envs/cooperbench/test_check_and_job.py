@@ -112,7 +112,7 @@ def test_job_fails_loudly_off_the_expected_reward(task_copy, tmp_path):
 
 @pytest.mark.slow
 def test_gold_job_on_one_task_per_overlap_kind(overlap_kinds, tmp_path):
-    _run(_config(overlap_kinds, isolation="auto"), tmp_path / "run")
+    _run(_config(overlap_kinds, isolation="namespaces"), tmp_path / "run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["failures"] == [] and len(summary["rows"]) == 4 * len(OVERLAP_KINDS)
     assert {(t["agent"], t["mode"], t["reward"]) for t in summary["totals"]} == {

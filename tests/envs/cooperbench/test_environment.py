@@ -37,10 +37,26 @@ def test_gold_agents_score_one(env):
         "naive_conflict": 1.0, "merge_failed": 0.0, "messages_sent": 2.0}
     record = episode.info[RECORD]
     assert record["merge"]["status"] == "union" and "def sort" in record["patches"][AGENT]
-    for result in record["features"]:  # the gold run's count of passed tests, measured apart
-        assert result["counts"]["passed"] == result["expected_passed"] == env.evaluator.gold_count(
-            _pair(env).task, result["feature"])
+    for result in record["features"]:  # the gold run's count per outcome, measured apart
+        assert result["counts"] == result["expected"] == env.evaluator.gold(_pair(env).task,
+                                                                            result["feature"]).counts
+        assert result["counts"]["passed"] > 0 and result["canaries"] > 0
     assert not list(env.repos.root.glob("worktrees/*"))  # removed once the episode is scored
+
+
+def test_a_nested_repository_written_past_the_tools_scores_zero_and_is_counted(env):
+    episode = Episode(_pair(env), 0)
+    _turn(env, episode, AGENT, format_call("finish"))  # makes the seats' worktrees
+    worktree = episode.info["cooperbench_session"][AGENT].worktree
+    for path in ("sub/.git/HEAD", "sub/.git/objects/info/x", "sub/.git/refs/x", "sub/a.py"):
+        (worktree / path).parent.mkdir(parents=True, exist_ok=True)
+        (worktree / path).write_text("ref: refs/heads/main\n" if path.endswith("HEAD") else "x = 1\n")
+    before = env.git_errors
+    rewards = env.rewards(episode)
+    assert (rewards[AGENT], rewards["git_error"], env.git_errors) == (0.0, 1.0, before + 1)
+    reasons = [f["reason"] for f in episode.info[RECORD]["features"]]
+    assert all(r.startswith("the changes cannot be read: git add -A") and "\n" not in r for r in reasons)
+    assert not list(env.repos.root.glob("worktrees/*"))
 
 
 def test_empty_agents_score_zero(env):
@@ -132,7 +148,7 @@ def test_messaging_can_be_switched_off():
 def test_visible_tests_run_on_the_checkout_only(env):
     episode = Episode(_pair(env), 0)
     answer = _turn(env, episode, AGENT, format_call("run_tests")).messages[0].text
-    assert answer.startswith("visible tests passed: 3 passed, 0 failed")  # the base's tests, no hidden ones
+    assert answer.startswith("visible tests passed: 3 passed\n")  # the base's tests, no hidden ones
 
 
 def test_scenarios_and_bad_settings(env):

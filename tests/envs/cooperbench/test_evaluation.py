@@ -1,26 +1,54 @@
 """The merge evaluator: hidden tests on the merge, and agents' attempts to pass without the feature."""
 
+import json
+
 import pytest
 
 from scope_jax.envs.cooperbench import sandbox
-from scope_jax.envs.cooperbench.evaluation import Evaluator, PytestCounts, pytest_counts
+from scope_jax.envs.cooperbench.evaluation import Evaluator, Report, check_paths, parse_report
 from scope_jax.envs.cooperbench.repo import post_images
 
-SUMMARIES = [  # (pytest output, counts)
-    ("....\n4 passed in 0.05s\n", PytestCounts(passed=4)),
-    ("F.\n=== FAILURES ===\n...\n1 failed, 1 passed, 2 warnings in 0.10s\n",
-     PytestCounts(passed=1, failed=1)),
-    ("===== 3 passed, 1 skipped in 1.20s =====\n", PytestCounts(passed=3, skipped=1)),
-    ("E\n1 error in 0.31s\n", PytestCounts(errors=1)),
-    ("2 passed in 0.1s\nnoise\n1 failed, 2 errors in 0.2s\n", PytestCounts(failed=1, errors=2)),
-    ("no tests ran in 0.01s\n", None),
-    ("Segmentation fault\n", None),
+
+def _lines(*records) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+def _phase(nodeid, when, outcome, xfail=False):
+    return {"nodeid": nodeid, "when": when, "outcome": outcome, "xfail": xfail}
+
+
+REPORTS = [  # (the plugin's lines, each item's outcome), written by hand from pytest's phase rules
+    (_lines(_phase("a", "setup", "passed"), _phase("a", "call", "passed"), _phase("a", "teardown", "passed"),
+            _phase("b", "setup", "passed"), _phase("b", "call", "failed"), _phase("b", "teardown", "passed"),
+            {"finished": 1}), Report({"a": "passed", "b": "failed"}, True)),
+    (_lines(_phase("a", "setup", "failed"), _phase("a", "teardown", "passed"), _phase("b", "setup", "skipped"),
+            _phase("c", "setup", "passed"), _phase("c", "call", "passed"), _phase("c", "teardown", "failed")),
+     Report({"a": "error", "b": "skipped", "c": "error"}, False)),
+    (_lines(_phase("a", "setup", "passed"), _phase("a", "call", "skipped", True),
+            _phase("b", "setup", "passed"), _phase("b", "call", "passed", True),
+            _phase("t.py", "collect", "failed"), {"finished": 2}),
+     Report({"a": "xfailed", "b": "xpassed", "t.py": "error"}, True)),
+    (_lines(_phase("a", "setup", "passed")), Report({"a": "error"}, False)),  # it never got to its call
+    (b"2 passed in 0.01s\n", None),  # not the plugin's
+    (b"", Report({}, False)),
+    (None, None),
 ]
 
 
-@pytest.mark.parametrize("output, counts", SUMMARIES)
-def test_pytest_summary(output, counts):
-    assert pytest_counts(output) == counts
+@pytest.mark.parametrize("data, report", REPORTS, ids=range(len(REPORTS)))
+def test_report(data, report):
+    assert parse_report(data) == report
+
+
+@pytest.mark.parametrize("path", ["../x.py", "{tmp}/absolute.py", "pkg/../../x.py", "pkg//x.py", "./x.py", "",
+                                  "sub/.git/config", ".git/HEAD"])
+def test_paths_that_leave_the_repository_are_refused(task, evaluator, path, tmp_path):
+    path = path.format(tmp=tmp_path)  # never a real file: without the check, this one is written
+    with pytest.raises(ValueError, match="leaves the repository"):
+        check_paths({path: b"x"})
+    with pytest.raises(ValueError, match="leaves the repository"):
+        evaluator.evaluate(task, (1,), [{path: b"x"}])
+    check_paths({"pkg/x.py": b"x", "x.py": None})
 
 
 def _source(task, evaluator, feature_id):
@@ -33,7 +61,7 @@ def test_deleting_the_tests_and_planting_a_conftest_are_stripped(task, evaluator
     outcome = evaluator.evaluate(task, (1, 2), [seat1, {}])
     assert sorted(outcome.dropped[0]) == sorted(seat1) and outcome.merge.status == "empty"
     assert not any(f.passed for f in outcome.features)
-    assert all(f.counts.failed >= 1 for f in outcome.features)  # the hidden tests ran and failed
+    assert all(f.counts["failed"] >= 1 for f in outcome.features)  # the hidden tests ran and failed
 
 
 def test_unresolved_conflict_fails_without_running_tests(task, evaluator):
@@ -51,7 +79,7 @@ def test_endless_import_is_a_failure(task, evaluator):
     for _ in range(2):
         result = quick.feature_result(task, 1, files)
         assert not result.passed and result.run.status == "timeout"
-    assert (quick.test_runs, quick.cache_hits) == (2, 0)  # a timeout is not cached
+    assert (quick.test_runs, quick.cache_hits) == (3, 0)  # the gold run, then two timeouts (never cached)
 
 
 def test_test_runs_are_cached_by_tree_and_tests(task, evaluator):
@@ -59,34 +87,10 @@ def test_test_runs_are_cached_by_tree_and_tests(task, evaluator):
     gold = _source(task, evaluator, 1)
     first = fresh.feature_result(task, 1, gold)
     again = fresh.feature_result(task, 1, dict(reversed(list(gold.items()))))  # the same tree
-    assert first.passed and again == first and (fresh.test_runs, fresh.cache_hits) == (1, 1)
+    assert first.passed and again == first and (fresh.test_runs, fresh.cache_hits) == (2, 1)  # gold run too
     other_tests = fresh.feature_result(task, 2, gold)  # the same tree, the other feature's tests
     changed = dict(gold, **{"linetools/commands.py": gold["linetools/commands.py"] + b"\nX = 1\n"})
     edited = fresh.feature_result(task, 1, changed)
     deleted = fresh.feature_result(task, 1, dict(gold, **{"linetools/commands.py": None}))
     assert not other_tests.passed and edited.passed and not deleted.passed
-    assert (fresh.test_runs, fresh.cache_hits) == (4, 1)
-
-
-# At import: write a pytest summary past pytest's capture (to the saved copy of the output pipe), then exit.
-FAKE_PASS = b"""
-import os
-for fd in range(3, 64):
-    try:
-        if os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
-            os.write(fd, b"1 passed in 0.01s\\n")
-    except OSError:
-        pass
-os._exit(0)
-"""
-
-
-def test_an_early_exit_with_a_fake_summary_fails_the_exact_count(task, evaluator):
-    files = {"linetools/__init__.py": (evaluator.repos.base(task) / "linetools" / "__init__.py").read_bytes()
-             + FAKE_PASS}
-    result = evaluator.feature_result(task, 1, files)
-    assert result.run.ok and result.counts == PytestCounts(passed=1)
-    assert not result.passed and result.expected == evaluator.gold_count(task, 1) > 1
-    lenient = Evaluator(evaluator.repos, isolation="process", exact_count=False)
-    result = lenient.feature_result(task, 1, files)  # without the count check, the canary stops it
-    assert result.run.ok and not result.passed and result.tampered and lenient.tampered == 1
+    assert (fresh.test_runs, fresh.cache_hits) == (6, 1)  # 2 gold runs, 4 scored runs

@@ -1,9 +1,9 @@
 """Hostile code under test, sent through `Evaluator.evaluate` on a real-layout task (real_layout.py): one row
-per probe of issue 24. The code sits in `pkg/__init__.py`, which the hidden tests import, so it runs in
-the test process at collection. Each row is bounded in time and scores 0, or 1 only where the code also
-implements the feature correctly; after each row nothing of it is left on the host: no escape file, the
-base checkout's hash unchanged, no process of the run. Needs the "namespaces" isolation (docs/cooperbench.md
-says what the "process" level does not contain)."""
+per probe of issues 24 and 34. The code sits in `pkg/__init__.py`, which the hidden tests import, so it
+runs in the test process at collection. Each row is bounded in time and scores 0, or 1 only where the code
+also implements the feature correctly; after each row nothing of it is left on the host: no escape file,
+the base checkout's hash unchanged, no process and no SysV IPC object of the run. Needs the "namespaces"
+isolation (docs/cooperbench.md says what the "process" level does not contain)."""
 
 import dataclasses
 import hashlib
@@ -41,6 +41,20 @@ FIND_PIPE = """
                 except OSError:
                     pass
 """  # indented as the probes' code, which is dedented as a whole
+FORGE_REPORTS = """
+        import _pytest.reports
+        _made = _pytest.reports.TestReport.from_item_and_call.__func__
+
+        def _forged(cls, item, call):  # failed calls become passes, but for the tests SPARE picks
+            report = _made(cls, item, call)
+            if report.when == "call" and report.failed and not SPARE(item):
+                report.outcome, report.longrepr = "passed", None
+            return report
+
+        _pytest.reports.TestReport.from_item_and_call = classmethod(_forged)
+"""
+EVIL_PLUGIN = (b"import pytest\nprint('EVIL PLUGIN LOADED')\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
+               b"def pytest_runtest_call(item):\n    item.runtest = lambda: None\n    yield\n")
 WRITE_OUTSIDE = """
         for target in P["targets"]:
             try:
@@ -100,11 +114,68 @@ PROBES = {
         import _pytest.python
         _pytest.python.Function.runtest = lambda self: None
     """, check="tampered"),
+    "pytest's reports rewritten, sparing xfail-marked and canary-named tests": Probe(
+        "SPARE = lambda item: 'canary' in item.name or item.get_closest_marker('xfail') is not None\n"
+        + textwrap.dedent(FORGE_REPORTS), check="tampered"),
+    "pytest's reports rewritten, sparing tests with a random suffix": Probe(
+        "import re\nSPARE = lambda item: re.search('_[0-9a-f]{6}$', item.name) is not None\n"
+        + textwrap.dedent(FORGE_REPORTS),
+        check="not tampered"),
+    "a forged report: every test function of the test files passed": Probe("""
+        import ast, glob, json
+        fd = int(os.environ["COOPERBENCH_REPORT_FD"])
+        for path in glob.glob("tests/test_*.py"):
+            for node in ast.parse(open(path).read()).body:
+                if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+                    for when in ("setup", "call", "teardown"):
+                        record = {"nodeid": f"{path}::{node.name}", "when": when, "outcome": "passed",
+                                  "xfail": False}
+                        os.write(fd, (json.dumps(record) + "\\n").encode())
+        os.write(fd, b'{"finished": 0}\\n')
+        os._exit(0)
+    """, check="tampered"),
     "a fake summary at import, then os._exit(0)": Probe(FIND_PIPE + """
         for fd in pipe_fds():
             os.write(fd, b"tests/test_core.py::test_shout PASSED\\n2 passed in 0.01s\\n")
         os._exit(0)
-    """, check="tampered"),
+    """, check="reason no complete test report"),
+    "an atexit hook that prints a fake summary and exits 0": Probe(FIND_PIPE + """
+        import atexit
+
+        def fake():
+            for fd in pipe_fds():
+                os.write(fd, b"2 passed in 0.01s\\n")
+            os._exit(0)
+
+        atexit.register(fake)
+    """, check="reason no complete test report"),
+    "a line appended to run_tests.sh": Probe("""
+        script = os.path.join(os.path.dirname(os.getcwd()), "run_tests.sh")
+        try:
+            with open(script, "a") as f:
+                f.write("\\necho '2 passed in 0.01s'; exit 0\\n")
+            appended = 1
+        except OSError:
+            appended = 0
+        raise RuntimeError(f"APPENDED {appended} END")
+    """, check="appended"),
+    "a .pytest.ini that loads a plugin of the change": Probe("", files=(
+        (".pytest.ini", b"[pytest]\naddopts = -p pkg.evil\n"), ("pkg/evil.py", EVIL_PLUGIN)), check="no plugin"),
+    "a dist-info whose pytest11 entry point loads a plugin of the change": Probe("", files=(
+        ("evil-1.0.dist-info/METADATA", b"Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n"),
+        ("evil-1.0.dist-info/entry_points.txt", b"[pytest11]\nevil = pkg.evil\n"), ("pkg/evil.py", EVIL_PLUGIN)),
+        check="no plugin"),
+    "a SysV shared memory segment left behind": Probe("""
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        shmid = libc.shmget(int(P["token"][:7], 16), 64 << 20, 0o1000 | 0o666)  # IPC_CREAT
+        raise RuntimeError(f"SHMID {shmid} END")
+    """, check="ipc"),
+    "a nested user namespace": Probe("""
+        import subprocess
+        done = subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True)
+        raise RuntimeError(f"USERNS {done.returncode} END")
+    """, check="userns"),
     "a pytest.py and a _pytest/ at the repo root": Probe("", files=(
         ("pytest.py", b"import os\nprint('FAKE PYTEST')\nprint('2 passed in 0.01s')\nos._exit(0)\n"),
         ("_pytest/__init__.py", b"import os\nprint('FAKE PYTEST')\nos._exit(0)\n")), check="no fake"),
@@ -192,7 +263,7 @@ def hostile(tmp_path_factory):
     [task] = load_tasks(root / "demo_task")
     repos = Repos(root / "scratch")
     evaluator = Evaluator(repos, LIMITS, isolation="namespaces")
-    evaluator.gold_count(task, 1)
+    evaluator.gold(task, 1)
     yield task, evaluator, root
     repos.close()
 
@@ -217,6 +288,15 @@ def _processes(uid: int | None, token: str) -> list[int]:
                 found.append(int(entry.name))
         except OSError:
             pass
+    return found
+
+
+def _ipc_objects(uid: int | None) -> list[str]:
+    """The SysV IPC objects on the host owned by `uid` (lines of /proc/sysvipc)."""
+    found = []
+    for kind in ("shm", "msg", "sem"):
+        with open(f"/proc/sysvipc/{kind}") as f:
+            found += [line for line in f.readlines()[1:] if str(uid) in line.split()]
     return found
 
 
@@ -257,6 +337,7 @@ def test_hostile_patch(hostile, name, tmp_path):
         left = _processes(result.run.uid, token)
         # nothing of the run is left
         assert left == [], [open(f"/proc/{pid}/status").read()[:300] for pid in left]
+        assert _ipc_objects(result.run.uid) == []
         with pytest.raises(BlockingIOError):
             server.accept()  # no connection reached the host
         _check(probe.check, result, outcome, output, evaluator, task)
@@ -269,16 +350,28 @@ def test_hostile_patch(hostile, name, tmp_path):
 
 
 def _check(what: str, result, outcome, output: str, evaluator: Evaluator, task) -> None:
-    if what == "tampered":  # the canary caught it: the run claimed success
-        assert result.tampered
+    if what == "tampered":  # a canary caught it: its other tests claimed success
+        assert result.tampered and result.reason == "a canary did not fail", result.reason
+    elif what == "not tampered":  # it failed on its own tests, the canaries aside
+        assert not result.tampered and result.counts["failed"] >= 1, result.reason
+    elif what.startswith("reason "):
+        assert result.reason == what.split(" ", 1)[1] and not result.tampered
     elif what == "no fake":  # the real pytest ran: the fake one never did
-        assert "FAKE PYTEST" not in output and not result.tampered and result.counts.failed >= 1
+        assert "FAKE PYTEST" not in output and not result.tampered and result.counts["failed"] >= 1
     elif what == "dropped":
-        assert outcome.dropped == (("conftest.py",),) and result.counts.failed >= 1
+        assert outcome.dropped == (("conftest.py",),) and result.counts["failed"] >= 1
+    elif what == "no plugin":  # the change's plugin never loaded
+        assert "EVIL PLUGIN LOADED" not in output and result.counts["failed"] >= 1, output[-2000:]
+    elif what == "appended":  # run_tests.sh is root's in the jail
+        assert _number(output, "APPENDED") == 0, output[-2000:]
+    elif what == "ipc":  # made in the run's own IPC namespace, gone with it (checked for every row)
+        assert _number(output, "SHMID") >= 0, output[-2000:]
+    elif what == "userns":
+        assert _number(output, "USERNS") != 0, output[-2000:]
     elif what == "disk":
         assert _number(output, "WROTE") <= LIMITS.disk_bytes, output[-2000:]
     elif what == "memory":
-        if not cgroup.available():
+        if not cgroup.available("memory"):
             pytest.skip("no memory cgroup here: the per-process fallback cannot hold a process tree")
         assert _number(output, "ALIVE") < 3, output[-2000:]  # the parent lived to count
     elif what.startswith("status "):
@@ -299,6 +392,6 @@ def test_the_package_suite_is_out_of_reach_of_the_visible_tests(hostile):
             f"glob.glob({str(task.path)!r} + '/feature*/*.patch'):\n    print(open(p).read())\n"
             "import scope_jax\nprint('IMPORTED', scope_jax.__file__)\n")
     init = code + real_layout.BASE["pkg/__init__.py"]
-    run = evaluator.run_tests(task, {"pkg/__init__.py": init.encode()})
-    assert "diff --git" not in run.output and "IMPORTED" not in run.output
-    assert "No module named 'scope_jax'" in run.output
+    output = evaluator.run_tests(task, {"pkg/__init__.py": init.encode()}).result.output
+    assert "diff --git" not in output and "IMPORTED" not in output
+    assert "No module named 'scope_jax'" in output

@@ -50,14 +50,14 @@ def test_the_runs_apply_the_change_after_the_scripts_reset(real_task, real_evalu
                                                                      real_task.combined_patch))
     output = result.run.output
     assert "HEAD is now at" in output  # the script's reset ran on a git checkout
-    assert result.passed and result.counts.passed == result.expected == 2
+    assert result.passed and result.counts["passed"] == result.expected["passed"] == 2
 
 
 def test_visible_tests_on_a_real_layout_task(real_task, real_evaluator):
     run = real_evaluator.run_tests(real_task, {"pkg/core.py": b"def greet(name):\n    return 'hi'\n"})
-    assert run.exit_code == 1 and "1 failed" in run.output and "test_greet" in run.output
-    assert "test_shout" not in run.output and "test_punct" not in run.output  # no hidden tests
-    assert real_evaluator.run_tests(real_task, {}).ok
+    assert run.result.exit_code == 1 and run.report.outcomes == {"tests/test_core.py::test_greet": "failed"}
+    assert "test_shout" not in run.result.output and "test_punct" not in run.result.output  # no hidden tests
+    assert real_evaluator.run_tests(real_task, {}).result.ok
 
 
 @pytest.mark.slow  # 16 sandboxed runs; test_check_and_job.py checks the same rule on rows

@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from scope_jax.envs.cooperbench import sandbox
+from scope_jax.envs.cooperbench import cgroup, sandbox
+from scope_jax.envs.cooperbench.evaluation import Evaluator
+from scope_jax.envs.cooperbench.repo import Repos
 
 NO_NAMESPACES = pytest.mark.skipif(not sandbox.namespaces_available(),
                                    reason="unshare namespaces are not permitted here")
@@ -177,9 +179,68 @@ def test_unknown_isolation_is_refused(tmp_path):
         sandbox.run(["true"], tmp_path, isolation="jail")
 
 
-def test_a_missing_memory_cgroup_is_a_counted_fallback(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox.MemoryCgroup, "make", classmethod(lambda cls, limit: None))
-    before = sandbox.FALLBACKS["no memory cgroup: memory is capped per process only"]
-    result = _run(tmp_path, "print('ran')", "process")
-    assert result.ok and "no memory cgroup: memory is capped per process only" in result.fallbacks
-    assert sandbox.FALLBACKS["no memory cgroup: memory is capped per process only"] == before + 1
+def test_a_missing_cgroup_is_a_counted_fallback(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox.Cgroup, "make", classmethod(lambda cls, cap: None))
+    caps = ("no memory cgroup: memory is capped per process only",
+            "no cpu cgroup: CPU time is capped per process only, at a lower priority")
+    before = [sandbox.FALLBACKS[cap] for cap in caps]
+    result = _run(tmp_path, "import os; print('niceness', os.nice(0))", "process")
+    assert result.ok and set(caps) <= set(result.fallbacks) and f"niceness {min(os.nice(0) + sandbox.NICENESS, 19)}" in result.output
+    assert [sandbox.FALLBACKS[cap] for cap in caps] == [n + 1 for n in before]
+
+
+NAMESPACES = ("mnt", "net", "pid", "ipc", "uts", "cgroup")
+
+
+@NO_NAMESPACES
+def test_every_namespace_is_the_runs_own_and_no_user_namespace_can_be_made(tmp_path):
+    result = _run(tmp_path, f"""
+        import os, subprocess
+        print({{kind: os.readlink(f"/proc/self/ns/{{kind}}") for kind in {NAMESPACES!r}}})
+        print("userns", subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True).returncode)
+    """, "namespaces")
+    inside = eval(result.output.splitlines()[0])
+    assert all(inside[kind] != os.readlink(f"/proc/self/ns/{kind}") for kind in NAMESPACES), inside
+    assert result.ok and "userns 1" in result.output
+
+
+SPINNERS = """
+    import os, time
+    for _ in range(2):
+        if os.fork() == 0:
+            end = time.time() + 2
+            while time.time() < end:
+                pass
+            os._exit(0)
+    os.wait(), os.wait()
+    print("cpu", os.times().children_user + os.times().children_system)
+"""
+
+
+@pytest.mark.skipif(not cgroup.available("cpu"), reason="no cpu cgroup here")
+def test_a_run_gets_at_most_its_share_of_the_cpus(tmp_path):
+    # 2 spinners for 2 s of wall clock: at a twentieth of a core, at most 0.1 s of CPU (plus slack),
+    # whatever the machine's load; with 4 cores' quota, what the load leaves them
+    level = "namespaces" if sandbox.namespaces_available() else "process"
+    capped, free = (_run(tmp_path, SPINNERS, level, cpus=cpus) for cpus in (0.05, 4.0))
+    capped, free = (float(r.output.split("cpu ")[1]) for r in (capped, free))
+    assert capped < 0.1 + 0.1 and capped < free / 2, (capped, free)
+
+
+@NO_NAMESPACES
+def test_the_jail_tools_come_from_the_system_folders_never_from_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on PATH
+    sandbox.jail_problem.cache_clear()
+    try:
+        result = _run(tmp_path, "import os; print('uid', os.getuid())", "namespaces")
+        assert result.ok and f"uid {result.uid}" in result.output and result.uid in sandbox.SANDBOX_UIDS
+        monkeypatch.setattr(sandbox, "TOOL_DIRS", (str(tmp_path),))  # and none where they are looked up
+        sandbox.jail_problem.cache_clear()
+        with pytest.raises(sandbox.SandboxError) as refused:
+            _run(tmp_path, "print('ran')", "namespaces")
+        assert "\n" not in str(refused.value) and "refusing to run untrusted code" in str(refused.value)
+        assert "unshare" in str(refused.value) and "isolation='process'" in str(refused.value)
+        with pytest.raises(sandbox.SandboxError, match="refusing to run untrusted code"):
+            Evaluator(Repos(tmp_path / "repos"))
+    finally:
+        sandbox.jail_problem.cache_clear()

@@ -75,6 +75,7 @@ REFUSED = [  # (call on the tree, what the refusal says)
     (lambda t: t.write_file("escape/planted.py", "x"), "symbolic link"),
     (lambda t: t.read_file(".git"), "inside .git"),
     (lambda t: t.write_file(".git/hooks/pre-commit", "x"), "inside .git"),
+    (lambda t: t.write_file("sub/.git/HEAD", "ref: refs/heads/main\n"), "inside .git"),
     (lambda t: t.read_file("pkg/blob.bin"), "binary"),
     (lambda t: t.read_file("pkg/missing.py"), "no file"),
     (lambda t: t.read_file("pkg"), "it is a folder"),
