@@ -18,6 +18,7 @@ import ml_collections
 from scope_jax import distributed, envs, sharding
 from scope_jax.config import ConfigError
 from scope_jax.dialogue.environment import Environment
+from scope_jax.envs import user_dialogues
 from scope_jax.simulators.modes import SimulatorMode, make_mode
 from scope_jax.simulators.verbalized import VerbalizedConfig, verbalized_config
 from scope_jax.training import monitor
@@ -68,6 +69,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict({
         "steps": 30, "microbatches": 1, "eval_every": 10, "eval_groups": 4, "checkpoint_every": 10,
         "max_consecutive_skips": 3, "samples": 4,  # transcripts written at each eval: samples/step-S.jsonl
+        "eval_first": False,  # evaluate before the first update too: the untrained agent's baseline
     })
     c.eval = ml_collections.ConfigDict({"sim_models": ("tiny:101",)})
     c.monitor = ml_collections.ConfigDict(dataclasses.asdict(monitor.MonitorConfig()))
@@ -89,6 +91,7 @@ def check(config: ml_collections.ConfigDict) -> SimulatorMode:
                           "be at least 1 (the last step is always saved)")
     _check_rows(config, mode)
     _check_shards(config)
+    _check_fits(config)
     make_env(config.env)  # a missing or malformed data file stops the run here, in one line
     return mode
 
@@ -134,6 +137,29 @@ def _check_shards(config) -> None:
         if why:
             raise ConfigError(f"config key '{key}' or 'rollout.shards': {why} (each process plays whole "
                               "shards; see docs/distributed.md)")
+
+
+def _check_fits(config) -> None:
+    """The judge and the training simulators are fitted on disjoint people (`envs.user_dialogues`): the data
+    anchor draws from the simulator split, a fitted training simulator was fitted on it, a fitted held-out
+    simulator (the judge) on the judge split, and no fitted model is both trained against and the judge."""
+    if config.sim.data:
+        try:
+            user_dialogues.check_fit(config.sim.data, "simulator")
+        except ValueError as e:
+            raise ConfigError(f"config key 'sim.data': {e}") from None
+    judges = set(config.eval.sim_models)
+    roles = [("sim.model", config.sim.model, "simulator")] + [("sim.models", s, "simulator")
+                                                               for s in config.sim.models]
+    for key, spec, purpose in roles + [("eval.sim_models", s, "judge") for s in config.eval.sim_models]:
+        fit = user_dialogues.recorded_fit(spec)
+        if fit is not None and fit["purpose"] != purpose:
+            raise ConfigError(f"config key '{key}' is {spec!r}, fitted as the {fit['purpose']} on "
+                              f"{fit['data']}; a {purpose} here must be fitted as one (docs/p4g.md)")
+    for key, spec, _ in roles:
+        if "+" in spec and spec in judges:
+            raise ConfigError(f"config key '{key}' is {spec!r}, also the judge (eval.sim_models): the agent "
+                              "would train against the model that evaluates it")
 
 
 def make_env(env_config: ml_collections.ConfigDict) -> Environment:
