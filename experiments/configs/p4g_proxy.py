@@ -6,6 +6,9 @@ the human floors and the traits-only ceiling.
     python -m experiments.run --config=experiments/configs/p4g_proxy.py:quick  # 2 SFT steps, 4 people x 2
     python -m experiments.run --config=experiments/configs/p4g_proxy.py:committed  # the committed adapter's
                                                                                   # table, no training
+    python -m experiments.run --config=experiments/configs/p4g_proxy.py:rescore    # the committed dialogues,
+                                                                                  # scored, no model
+    python -m experiments.run --config=experiments/configs/p4g_proxy.py:references # floors, ceiling, no model
 
 The judge is fitted on the judge split of the people only (no training simulator shares a person with
 it; docs/p4g.md), with the recipe of `sft.lora_persuadee` (docs/sft.md has the measurements), then played
@@ -28,8 +31,12 @@ def get_config(arg: str = ""):
         config.data.update(max_turns=2, train_dialogues=8, eval_dialogues=4)
         config.train.update(steps=2, batch_size=2, eval_every=2, checkpoint_every=2)
         config.fidelity.update(dialogues=4, samples=2, batch=8, max_turns=1, max_new_tokens=16)
-    elif arg == "committed":
+    elif arg in ("committed", "rescore"):
         config.adapter = str(COMMITTED / "adapter")
+        config.transcripts = str(COMMITTED / "dialogues.jsonl") if arg == "rescore" else ""
+    elif arg == "references":
+        config.fidelity.arms = ()
     elif arg:
-        raise ValueError(f"unknown argument {arg!r}; use nothing, 'quick' or 'committed'")
+        raise ValueError(f"unknown argument {arg!r}; use nothing, 'quick', 'committed', 'rescore' or "
+                         "'references'")
     return config

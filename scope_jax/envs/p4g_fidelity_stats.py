@@ -22,8 +22,8 @@ References that need no model:
 - `traits_ceiling`: a ridge regression of the donation on the persona's traits alone (numeric traits
   standardised, a missing one at the mean; categories one-hot), fitted on one split's people and scored
   by its Spearman correlation with the held-out people's own donations (with a bootstrap interval): what
-  the card carries. Its penalty is chosen before scoring by `CV_FOLDS`-fold cross-validated squared error
-  on the fitting people over `ALPHAS`.
+  the card carries. Its penalty is chosen before scoring by the squared error of `CV_REPEATS` repeats of
+  `CV_FOLDS`-fold cross-validation on the fitting people, over `ALPHAS`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ BIN_LABELS = ("0", "0-.25", ".25-.5", ".5-.75", ".75-1", "1-1.25", "1.25-1.5", "
 DRAWS = 1000  # bootstrap resamples, and random draws of each human floor
 ALPHAS = (0.1, 1.0, 10.0, 100.0, 1000.0)
 CV_FOLDS = 5
+CV_REPEATS = 10  # one split of the folds flips the choice between neighbouring alphas on the judge split
 ARM_STATS = ("donation_rate", "mean_donation", "ks", "hist_l1", "unreadable", "rank_corr")
 DISTANCES = ("ks", "hist_l1")
 
@@ -181,12 +182,13 @@ def ridge(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float
 
 
 def choose_alpha(x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> float:
-    """The alpha of ALPHAS with the least CV_FOLDS-fold cross-validated squared error on (x, y)."""
-    folds = np.array_split(rng.permutation(len(y)), CV_FOLDS)
+    """The alpha of ALPHAS with the least squared error of CV_REPEATS repeats of CV_FOLDS-fold
+    cross-validation on (x, y)."""
+    splits = [np.array_split(rng.permutation(len(y)), CV_FOLDS) for _ in range(CV_REPEATS)]
 
     def error(alpha: float) -> float:
         total = 0.0
-        for fold in folds:
+        for fold in (fold for folds in splits for fold in folds):
             keep = np.setdiff1d(np.arange(len(y)), fold)
             w, b = ridge(x[keep], y[keep], alpha)
             total += float(np.sum((x[fold] @ w + b - y[fold]) ** 2))
