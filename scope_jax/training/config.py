@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import pathlib
 
 import jax
 import ml_collections
@@ -152,6 +153,9 @@ def _check_fits(config) -> None:
     roles = [("sim.model", config.sim.model, "simulator")] + [("sim.models", s, "simulator")
                                                                for s in config.sim.models]
     for key, spec, purpose in roles + [("eval.sim_models", s, "judge") for s in config.eval.sim_models]:
+        if "+" in spec and not pathlib.Path(spec.split("+", 1)[1]).is_dir():
+            raise ConfigError(f"config key '{key}' is {spec!r}, but its adapter folder does not exist (fit "
+                              "it first; docs/sft.md)")
         fit = user_dialogues.recorded_fit(spec)
         if fit is not None and fit["purpose"] != purpose:
             raise ConfigError(f"config key '{key}' is {spec!r}, fitted as the {fit['purpose']} on "

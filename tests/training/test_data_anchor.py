@@ -15,6 +15,7 @@ from scope_jax.envs.p4g_human import HumanDialogues
 from scope_jax.models.tiny import word_tokenizer
 from scope_jax.training import rl_step
 from scope_jax.training.batch import TokenBatch
+from scope_jax.training.config import check
 from scope_jax.training.data_anchor import DataAnchor
 from scope_jax.training.setup import build
 from scope_jax.training.sft_data import dialogue_view
@@ -90,3 +91,20 @@ def test_a_malformed_data_name_is_refused_in_one_line(anchored):
         with pytest.raises(ConfigError, match=said) as error:
             DataAnchor.load(spec, setup.env, tokenizer, seed=0)
         assert "'sim.data'" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_p4g_rl_trains_on_simulator_people_and_its_fitted_arm_needs_its_adapter():
+    """p4g_rl's arms check (the anchor on the simulator split); `fitted` is refused in one line while its
+    adapter (fitted on the simulator split by sft.py:fitted) is not there."""
+    needs_data()
+    for arm in ("frozen", "cotrain_data"):
+        config = get_config(arm)
+        config.env.data_dir = str(DATA)
+        check(config)
+        assert config.env.train_split == "simulator" and config.train.eval_first
+    config = get_config("fitted")
+    if pathlib.Path(config.sim.model.split("+", 1)[1]).is_dir():
+        pytest.skip("the fitted simulator is committed")
+    with pytest.raises(ConfigError, match="adapter folder does not exist") as error:
+        check(config)
+    assert "'sim.model'" in str(error.value)
