@@ -25,7 +25,6 @@ one line naming the file.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
 import math
@@ -37,7 +36,7 @@ import numpy as np
 from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
 from scope_jax.envs.p4g_donations import extract_answer, extract_donation, readable
-from scope_jax.envs.p4g_stats import MAX_DONATION
+from scope_jax.envs.p4g_csv import MAX_DONATION, P4GDataError, read_rows
 
 DEFAULT_DATA_DIR = "../shared/data/p4g"
 INFO_FILE = "FullData/full_info.csv"
@@ -93,10 +92,6 @@ CLOSING_QUESTION = ("The chat is over. How much of your $2 do you donate to Save
 TRAIN_SPLITS = ("train", "simulator")  # what the loop's "train" may draw from: never judge people
 
 
-class P4GDataError(ValueError):
-    """The P4G data folder lacks a file, or the file does not have the expected form."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Persona:
     """One persuadee row: participant id, the human's actual donation (None when missing or outside
@@ -116,18 +111,13 @@ class Persona:
 def load_personas(data_dir: str | pathlib.Path) -> list[Persona]:
     """The persuadee rows of `data_dir`/FullData/full_info.csv, in file order."""
     path = pathlib.Path(data_dir) / INFO_FILE
-    if not path.is_file():
-        raise P4GDataError(f"P4G data file {path} is missing (set env.data_dir to the P4G folder)")
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or ())]
-            if missing:
-                raise P4GDataError(f"P4G data file {path} lacks the column(s) {', '.join(missing)}")
-            personas = [_persona(row) for row in reader if row["B4"] == "1"]
-    except (csv.Error, UnicodeDecodeError, _RowError) as e:
-        line = reader.line_num + (not isinstance(e, _RowError))  # a read error is in the line not yet counted
-        raise P4GDataError(f"P4G data file {path}, line {line}: {e}") from None
+    personas = []
+    for line, row in read_rows(path, REQUIRED_COLUMNS):
+        if row["B4"] == "1":
+            try:
+                personas.append(_persona(row))
+            except _RowError as e:
+                raise P4GDataError(f"P4G data file {path}, line {line}: {e}") from None
     if not personas:
         raise P4GDataError(f"P4G data file {path} has no persuadee rows (B4 = 1)")
     return personas
