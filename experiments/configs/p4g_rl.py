@@ -35,7 +35,7 @@ from it (they drift apart only as they train).
 import pathlib
 
 from scope_jax.simulators.modes import sim_settings
-from scope_jax.training.config import default_config
+from scope_jax.training.config import default_config, env_settings
 
 SMOLLM2 = "smollm2-135m-instruct"
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -52,7 +52,8 @@ def get_config(mode: str = "frozen", model: str = SMOLLM2):
     configs start from this."""
     mode, variant = VARIANTS.get(mode, (mode, {}))
     config = default_config()
-    config.env.update(name="p4g", max_turns=1, unreadable_reward=0.0, train_split="simulator")
+    config.env = env_settings("p4g")
+    config.env.update(max_turns=1, unreadable_reward=0.0, train_split="simulator")
     config.agent.update(model=model, max_context=1024)
     config.sim.update(sim_settings(mode, model=model, models=(model, model), population=2),
                       objective="adversarial")
