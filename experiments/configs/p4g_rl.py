@@ -21,7 +21,8 @@ the last; its dialogues are written to samples/eval-step-S.jsonl. The agent trai
 the simulator split (`env.train_split`), which no judge was fitted on. `fitted` trains against `FITTED`:
 SmolLM2 with a LoRA adapter fitted like the proxy but on the simulator split
 (`experiments/configs/sft.py:fitted`, copied to docs/results/p4g_fitted/adapter), never the judge; a
-config that trains against a model fitted on judge data, or anchors on it, is refused. A trained persuadee is the agent's adversary (`sim.objective =
+config that trains against a model fitted on judge data, or anchors on it, is refused. A trained persuadee
+is the agent's adversary (`sim.objective =
 "adversarial"`: its reward is minus the persuader's, so it learns to resist, kept near the
 persona-following model by the KL anchor); the "cooperative" objective would reward it for donating,
 which pushes it toward the agreeable persuadee that co-training is meant to break. `cotrain_data` adds

@@ -70,9 +70,11 @@ def check(config: ml_collections.ConfigDict) -> None:
     if config.role != SIM:
         raise ConfigError(f"config key 'role' is {config.role!r}; the proxy is the persuadee, 'sim'")
     if set(config.fidelity.arms) - set(ARMS):
-        raise ConfigError(f"config key 'fidelity.arms' is {config.fidelity.arms}; a subset of {', '.join(ARMS)}")
+        raise ConfigError(f"config key 'fidelity.arms' is {config.fidelity.arms}; a subset of "
+                          f"{', '.join(ARMS)}")
     if config.fidelity.samples < 1:
-        raise ConfigError(f"config key 'fidelity.samples' is {config.fidelity.samples}; it must be at least 1")
+        raise ConfigError(f"config key 'fidelity.samples' is {config.fidelity.samples}; it must be at "
+                          "least 1")
     if config.adapter and not (pathlib.Path(config.adapter) / lora.ADAPTER_FILE).is_file():
         raise ConfigError(f"config key 'adapter' is {config.adapter!r}, which holds no {lora.ADAPTER_FILE}")
     if config.transcripts and not pathlib.Path(config.transcripts).is_file():
@@ -152,7 +154,9 @@ def _ranged(key: str) -> Cell:
             return ""
         value = row[key]
         middle = value.get("value", value.get("mean"))
-        return "" if middle is None or np.isnan(middle) else f"{middle:.3f} [{value['low']:.3f}, {value['high']:.3f}]"
+        if middle is None or np.isnan(middle):
+            return ""
+        return f"{middle:.3f} [{value['low']:.3f}, {value['high']:.3f}]"
     return cell
 
 
@@ -212,7 +216,8 @@ def scored_transcripts(path: pathlib.Path) -> tuple[dict[str, np.ndarray], np.nd
     records = [json.loads(line) for line in path.read_text().splitlines()]
     arms: dict[str, dict[str, tuple[float, float]]] = {}
     for r in records:
-        arms.setdefault(r["arm"], {}).setdefault(r["scenario"], (r["rewards"]["donation"], r["human_donation"]))
+        found = (r["rewards"]["donation"], r["human_donation"])
+        arms.setdefault(r["arm"], {}).setdefault(r["scenario"], found)
     people = list(next(iter(arms.values())))
     own = np.array([next(iter(arms.values()))[p][1] for p in people])
     return {arm: np.array([[found[p][0]] for p in people]) for arm, found in arms.items()}, own, len(records)

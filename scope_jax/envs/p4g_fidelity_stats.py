@@ -101,7 +101,8 @@ def arm_statistics(donations: np.ndarray, own: np.ndarray) -> dict[str, float]:
     """The statistics of `donations` [n, k] (NaN: unreadable) against the participants' own [n] (module
     docstring)."""
     draws = [donation_stats(column[~np.isnan(column)], own) for column in donations.T]
-    stats = {key: _mean([d[key] for d in draws]) for key in ("donation_rate", "mean_donation", "ks", "hist_l1")}
+    stats = {key: _mean([d[key] for d in draws])
+             for key in ("donation_rate", "mean_donation", "ks", "hist_l1")}
     answered = ~np.all(np.isnan(donations), axis=1)
     means = np.nanmean(donations[answered], axis=1) if answered.any() else np.zeros(0)
     return {**stats, "unreadable": float(np.mean(np.isnan(donations))),
@@ -122,7 +123,10 @@ def interval(values: Sequence[float]) -> tuple[float, float]:
     """The 2.5 and 97.5 percentiles of `values`, NaNs left out (NaN, NaN when all are)."""
     values = np.asarray(values, float)
     values = values[~np.isnan(values)]
-    return (float("nan"),) * 2 if not len(values) else tuple(float(v) for v in np.percentile(values, [2.5, 97.5]))
+    if not len(values):
+        return float("nan"), float("nan")
+    low, high = np.percentile(values, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def bootstrap(statistics: Callable[..., dict[str, float]], indices: np.ndarray,
@@ -205,5 +209,6 @@ def traits_ceiling(fit: Sequence[Persona], score: Sequence[Persona], rng: np.ran
     alpha = choose_alpha(x_fit, y_fit, rng)
     w, b = ridge(x_fit, y_fit, alpha)
     predicted, own = x_score @ w + b, np.array([p.donation for p in score])
-    corr = bootstrap(lambda p, o: {"rank_corr": rank_correlation(p, o)}, resamples(len(own), rng), predicted, own)
+    corr = bootstrap(lambda p, o: {"rank_corr": rank_correlation(p, o)}, resamples(len(own), rng),
+                     predicted, own)
     return {"alpha": alpha, "fitted": len(fit), "scored": len(score), **corr}

@@ -63,8 +63,8 @@ def check_fit(spec: str, purpose: str) -> None:
     _, split = parse(spec)
     if split != FITTED_SPLITS[purpose]:
         others = ", ".join(f"the {p} on {s}" for p, s in FITTED_SPLITS.items())
-        raise ValueError(f"{spec!r} would fit the {purpose} on the {split!r} split; the judge and the training "
-                         f"simulators never share a person ({others}; docs/p4g.md)")
+        raise ValueError(f"{spec!r} would fit the {purpose} on the {split!r} split; the judge and the "
+                         f"training simulators never share a person ({others}; docs/p4g.md)")
 
 
 def record_fit(folder: str | pathlib.Path, spec: str, purpose: str) -> None:

@@ -48,7 +48,8 @@ def train(config: ml_collections.ConfigDict, run_dir: RunDir) -> tuple[joint.Joi
             firsts = episodes[::config.rollout.group_size]  # one episode per scenario
             write_samples(run_dir, setup, f"step-{step}", firsts[:config.train.samples])
         metrics.update(extra)
-        skips = loop.host["consecutive_skips"] = loop.host["consecutive_skips"] + 1 if metrics["skipped"] else 0
+        skips = loop.host["consecutive_skips"] + 1 if metrics["skipped"] else 0
+        loop.host["consecutive_skips"] = skips
         run_dir.log(step, metrics)
         if skips > config.train.max_consecutive_skips:
             raise TrainingStopped(f"{skips} non-finite steps in a row at step {step}; the last good "

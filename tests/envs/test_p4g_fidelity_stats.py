@@ -78,7 +78,8 @@ def test_human_floors_on_known_cases():
     assert floors["halves"]["ks"]["mean"] == 0.0 and floors["halves"]["sizes"] == [5, 5]
     mixed = np.array([0.0] * 5 + [2.0] * 5)
     halves = fs.human_floors(mixed, twos, [5], np.random.default_rng(1), draws=200)["halves"]
-    assert 0 < halves["ks"]["mean"] < 1 and halves["ks"]["low"] <= halves["ks"]["mean"] <= halves["ks"]["high"]
+    ks = halves["ks"]
+    assert 0 < ks["mean"] < 1 and ks["low"] <= ks["mean"] <= ks["high"]
 
 
 def test_ridge_matches_least_squares_on_the_augmented_system():
@@ -111,8 +112,9 @@ def persona(participant, donation, age, sex):
 
 def test_traits_ceiling_finds_a_trait_that_sets_the_donation_and_one_row_per_participant():
     rng = np.random.default_rng(4)
+    ages, sexes = rng.integers(20, 60, 120), rng.choice(["Male", "Female"], 120)
     people = [persona(f"p{i}", float(age > 40), float(age), sex)
-              for i, (age, sex) in enumerate(zip(rng.integers(20, 60, 120), rng.choice(["Male", "Female"], 120)))]
+              for i, (age, sex) in enumerate(zip(ages, sexes))]
     ceiling = fs.traits_ceiling(people[:80], people[80:], rng)
     assert ceiling["rank_corr"]["value"] > 0.8 and ceiling["rank_corr"]["low"] > 0.5
     assert (ceiling["fitted"], ceiling["scored"]) == (80, 40)

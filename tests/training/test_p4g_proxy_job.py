@@ -1,8 +1,8 @@
 """The P4G proxy job end to end with a tiny model (slow): SFT on the judge split, then both arms against the
 replayed human persuaders of the same held-out participants, several dialogues each, and the fidelity table,
-figure and dialogues written; the saved adapter alone reproduces the table. The committed tables are their records', and the committed
-references (human floors, traits-only ceiling) are what the data gives now. Fitting the judge on
-simulator data is refused in one line."""
+figure and dialogues written; the saved adapter alone reproduces the table. The committed tables are
+their records', and the committed references (human floors, traits-only ceiling) are what the data gives
+now. Fitting the judge on simulator data is refused in one line."""
 
 import json
 import pathlib
