@@ -75,8 +75,11 @@ def check(config: ml_collections.ConfigDict) -> None:
     if config.fidelity.samples < 1:
         raise ConfigError(f"config key 'fidelity.samples' is {config.fidelity.samples}; it must be at "
                           "least 1")
-    if config.adapter and not (pathlib.Path(config.adapter) / lora.ADAPTER_FILE).is_file():
-        raise ConfigError(f"config key 'adapter' is {config.adapter!r}, which holds no {lora.ADAPTER_FILE}")
+    if config.adapter:
+        try:
+            lora.adapter_weights_file(config.adapter)
+        except (FileNotFoundError, ValueError) as error:
+            raise ConfigError(f"config key 'adapter': {error}") from None
     if config.transcripts and not pathlib.Path(config.transcripts).is_file():
         raise ConfigError(f"config key 'transcripts' is {config.transcripts!r}, which is not a file")
     sft.check(config, PURPOSE)
@@ -197,7 +200,7 @@ def fidelity_table(results: dict) -> str:
 
 
 def adapter_sha256(folder: str | pathlib.Path) -> str:
-    return hashlib.sha256((pathlib.Path(folder) / lora.ADAPTER_FILE).read_bytes()).hexdigest()
+    return hashlib.sha256(lora.adapter_weights_file(folder).read_bytes()).hexdigest()
 
 
 def references(config, env: P4GEnv) -> tuple[np.ndarray, dict]:

@@ -14,7 +14,8 @@ Every function that takes `(graphdef, params)` takes a LoRA model as it is: it b
 (`trainable_labels`).
 
 `lora_b` starts at zero, so a fresh adapter leaves the base's outputs unchanged. Adapters save and load on
-their own (`save_adapter`, `load_adapter`: one safetensors file and its settings as json); `merge` gives
+their own (`save_adapter`, `load_adapter`: one safetensors file and its settings as json), in this
+project's layout or in peft's (`LAYOUTS`; peft's is what transformers + peft and vLLM read); `merge` gives
 the plain model W + (alpha / rank) A B, for `hf.save_pretrained`.
 """
 
@@ -24,9 +25,11 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,11 +37,13 @@ from flax import nnx
 
 from scope_jax.models import decoder
 from scope_jax.models.decoder import MLP, Block, Decoder, DecodeWeights, Params, weight_grad
+from scope_jax.models.hf import read_safetensors
 
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
-ADAPTER_FILE = "adapter.safetensors"
-CONFIG_FILE = "adapter_config.json"
+ADAPTER_FILE = "adapter.safetensors"  # the scope_jax layout's weights
+PEFT_ADAPTER_FILE = "adapter_model.safetensors"  # peft's
+CONFIG_FILE = "adapter_config.json"  # both layouts' settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,31 +242,31 @@ def merge(graphdef: nnx.GraphDef, params: LoRAParams) -> tuple[nnx.GraphDef, Par
     return plain_graphdef, merged
 
 
-def save_adapter(folder: str | os.PathLike, adapter: Params, config: LoRAConfig) -> None:
-    """Write `adapter` as `adapter.safetensors` ("layers.self_attn.q_proj.lora_a", ... [layers, in, rank])
-    and `config` as `adapter_config.json` in `folder`."""
-    from safetensors.numpy import save_file
+class Layout(NamedTuple):
+    """An adapter folder's layout: the name of its weights file (`CONFIG_FILE` beside it holds the settings),
+    `write(adapter, config, base_model) -> (tensors, settings)` and its inverse
+    `read(tensors, settings, source) -> (config, adapter)`, `source` naming the folder in errors."""
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    flat = {".".join(str(k.key) for k in path): np.ascontiguousarray(jax.device_get(leaf))
-            for path, leaf in jax.tree_util.tree_leaves_with_path(adapter)}
-    save_file(flat, str(folder / ADAPTER_FILE))
-    settings = {"rank": config.rank, "alpha": config.alpha, "targets": list(config.targets)}
-    (folder / CONFIG_FILE).write_text(json.dumps(settings, indent=1) + "\n")
+    weights_file: str
+    write: Callable[[Params, LoRAConfig, str | None], tuple[dict[str, np.ndarray], dict]]
+    read: Callable[[dict[str, np.ndarray], dict, str], tuple[LoRAConfig, Params]]
 
 
-def load_adapter(folder: str | os.PathLike) -> tuple[LoRAConfig, Params]:
-    """(its LoRAConfig, the adapter dict) of a folder written by `save_adapter`."""
-    from safetensors.numpy import load_file
+def _scope_jax_tensors(adapter: Params, config: LoRAConfig, base_model: str | None):
+    if base_model is not None:
+        raise ValueError("the scope_jax adapter layout records no base model; save with format='peft'")
+    tensors = {".".join(str(k.key) for k in path): np.ascontiguousarray(jax.device_get(leaf))
+               for path, leaf in jax.tree_util.tree_leaves_with_path(adapter)}
+    return tensors, {"rank": config.rank, "alpha": config.alpha, "targets": list(config.targets)}
 
-    folder = Path(folder)
-    for name in (ADAPTER_FILE, CONFIG_FILE):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"{folder} has no {name}: not an adapter folder written by save_adapter")
-    config = LoRAConfig(**json.loads((folder / CONFIG_FILE).read_text()))
+
+def _from_scope_jax(tensors: dict[str, np.ndarray], settings: dict, source: str):
+    try:
+        config = LoRAConfig(**settings)
+    except TypeError as error:
+        raise ValueError(f"{source}/{CONFIG_FILE} is not a scope_jax adapter's settings: {error}") from None
     adapter: dict = {}
-    for key, value in load_file(str(folder / ADAPTER_FILE)).items():
+    for key, value in tensors.items():
         *parents, leaf = key.split(".")
         node = adapter
         for part in parents:
@@ -270,10 +275,126 @@ def load_adapter(folder: str | os.PathLike) -> tuple[LoRAConfig, Params]:
     return config, adapter
 
 
+# peft names one layer's factor of one projection (A [rank, in], B [out, rank]) as
+PEFT_KEY = "base_model.model.model.layers.{layer}.{owner}.{name}.lora_{factor}.weight"
+_PEFT_KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(\w+)\.(\w+)\.lora_([AB])\.weight")
+PEFT_FACTORS = (("lora_a", "A"), ("lora_b", "B"))
+# peft settings that change what an adapter computes, at the values that compute `LoRALinear`'s
+# x W + (lora_alpha / r) (x A) B; peft's adapter_config.json holding any other value is refused.
+PEFT_PLAIN = {"bias": "none", "use_rslora": False, "use_dora": False, "lora_bias": False,
+              "fan_in_fan_out": False, "rank_pattern": {}, "alpha_pattern": {}, "modules_to_save": None,
+              "layers_to_transform": None, "trainable_token_indices": None, "layer_replication": None,
+              "alora_invocation_tokens": None, "target_parameters": None}
+
+
+def _peft_tensors(adapter: Params, config: LoRAConfig, base_model: str | None):
+    tensors = {}
+    for owner, projections in adapter["layers"].items():
+        for name, factors in projections.items():
+            for ours, factor in PEFT_FACTORS:
+                stacked = np.asarray(jax.device_get(factors[ours]))
+                chex.assert_rank(stacked, 3)  # [layers, in, rank] or [layers, rank, out]: one adapter
+                for layer, matrix in enumerate(stacked):
+                    key = PEFT_KEY.format(layer=layer, owner=owner, name=name, factor=factor)
+                    tensors[key] = np.ascontiguousarray(matrix.T)
+    alpha = int(config.alpha) if float(config.alpha).is_integer() else config.alpha
+    settings = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+                "r": config.rank, "lora_alpha": alpha, "target_modules": list(config.targets),
+                "lora_dropout": 0.0, "inference_mode": True, **PEFT_PLAIN}
+    return tensors, settings
+
+
+def _from_peft(tensors: dict[str, np.ndarray], settings: dict, source: str):
+    if settings.get("peft_type") != "LORA":
+        raise ValueError(f"{source}/{CONFIG_FILE} has peft_type {settings.get('peft_type')!r}, not 'LORA'")
+    for key, plain in PEFT_PLAIN.items():
+        value = settings.get(key, plain)
+        if value != plain and (value or plain):  # None, False, {} and [] all say "not used"
+            raise ValueError(f"{source}/{CONFIG_FILE} sets {key} = {value!r}; only {plain!r} loads")
+    if not {"r", "lora_alpha"} <= settings.keys():
+        raise ValueError(f"{source}/{CONFIG_FILE} lacks r or lora_alpha")
+    found: dict = {}  # name -> factor -> layer -> matrix
+    for key, value in tensors.items():
+        match = _PEFT_KEY.fullmatch(key)
+        if not match or match[3] not in ATTENTION_TARGETS + MLP_TARGETS or match[2] != _owner(match[3]):
+            raise ValueError(f"{source}: tensor {key!r} is not a LoRA factor of a decoder layer's projection")
+        found.setdefault(match[3], {}).setdefault(match[4], {})[int(match[1])] = value
+    if not found:
+        raise ValueError(f"{source}: {PEFT_ADAPTER_FILE} holds no LoRA factor")
+    layers = list(range(1 + max(i for by_factor in found.values() for by_layer in by_factor.values()
+                                for i in by_layer)))
+    targets = tuple(t for t in ATTENTION_TARGETS + MLP_TARGETS if t in found)
+    adapter: dict = {}
+    for name in targets:
+        if any(sorted(found[name].get(factor, {})) != layers for _, factor in PEFT_FACTORS):
+            raise ValueError(f"{source}: {name} lacks lora_A or lora_B in some of layers 0..{layers[-1]}")
+        factors = {ours: np.stack([found[name][factor][i].T for i in layers])
+                   for ours, factor in PEFT_FACTORS}
+        if factors["lora_a"].shape[-1] != settings["r"]:
+            raise ValueError(f"{source}: {name}'s lora_A has rank {factors['lora_a'].shape[-1]}, not r = "
+                             f"{settings['r']}")
+        adapter.setdefault(_owner(name), {})[name] = {k: jnp.asarray(v) for k, v in factors.items()}
+    config = LoRAConfig(rank=settings["r"], alpha=float(settings["lora_alpha"]), targets=targets)
+    return config, {"layers": adapter}
+
+
+LAYOUTS = {
+    # this project's: keys "layers.self_attn.q_proj.lora_a", ..., [layers, in, rank] and [layers, rank, out]
+    "scope_jax": Layout(ADAPTER_FILE, _scope_jax_tensors, _from_scope_jax),
+    # peft's (transformers, vLLM): one [rank, in] / [out, rank] tensor per layer, keys `PEFT_KEY`
+    "peft": Layout(PEFT_ADAPTER_FILE, _peft_tensors, _from_peft),
+}
+
+
+def save_adapter(folder: str | os.PathLike, adapter: Params, config: LoRAConfig, *, format: str = "scope_jax",
+                 base_model: str | None = None) -> None:
+    """Write `adapter` and `config` in `folder` in the layout `LAYOUTS[format]`, replacing an adapter saved
+    there in any layout. base_model: peft's `base_model_name_or_path` (e.g. a hub id), peft layout only."""
+    from safetensors.numpy import save_file
+
+    if format not in LAYOUTS:
+        raise ValueError(f"adapter format {format!r} is not one of {sorted(LAYOUTS)}")
+    layout = LAYOUTS[format]
+    tensors, settings = layout.write(adapter, config, base_model)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for other in LAYOUTS.values():
+        (folder / other.weights_file).unlink(missing_ok=True)
+    save_file(tensors, str(folder / layout.weights_file), metadata={"format": "pt"})
+    (folder / CONFIG_FILE).write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def adapter_weights_file(folder: str | os.PathLike) -> Path:
+    """The weights file of the adapter saved in `folder`, whose name says its layout (`LAYOUTS`)."""
+    folder = Path(folder)
+    found = [folder / layout.weights_file for layout in LAYOUTS.values()
+             if (folder / layout.weights_file).is_file()]
+    names = " or ".join(layout.weights_file for layout in LAYOUTS.values())
+    if not found or not (folder / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{folder} is not an adapter folder: it needs {CONFIG_FILE} and {names}")
+    if len(found) > 1:
+        raise ValueError(f"{folder} holds {' and '.join(f.name for f in found)}: which adapter is ambiguous")
+    return found[0]
+
+
+def load_adapter(folder: str | os.PathLike) -> tuple[LoRAConfig, Params]:
+    """(its LoRAConfig, the adapter dict) of a folder written by `save_adapter` in either layout, or by
+    peft's `save_pretrained` (a plain LoRA on a decoder's projections)."""
+    weights = adapter_weights_file(folder)
+    try:
+        settings = json.loads((weights.parent / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{weights.parent / CONFIG_FILE} is not JSON: {error}") from None
+    layout = next(layout for layout in LAYOUTS.values() if layout.weights_file == weights.name)
+    tensors = {key: np.array(value) for key, value in read_safetensors(weights).items()}  # copies, not mmaps
+    return layout.read(tensors, settings, str(weights.parent))
+
+
 def load(folder: str | os.PathLike, graphdef: nnx.GraphDef,
          params: Params) -> tuple[nnx.GraphDef, LoRAParams]:
-    """The saved adapter in `folder` on the plain model (graphdef, params); shapes are checked, and the
-    adapter takes the dtype a fresh adapter of this model has (a float32 adapter on a bfloat16 base)."""
+    """The adapter saved in `folder` (either layout) on the plain model (graphdef, params); shapes are
+    checked, and the adapter takes the dtype a fresh adapter of this model has (a float32 adapter on a
+    bfloat16 base)."""
     config, adapter = load_adapter(folder)
     lora_graphdef, fresh = init(graphdef, params, config)
     expected = jax.tree.map(lambda x: x.shape, fresh.adapter)

@@ -63,8 +63,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict({"steps": 100, "batch_size": 8, "microbatches": 1, "eval_every": 25,
                                          "checkpoint_every": 25, "chunk_size": 128})
     c.optimizer = ml_collections.ConfigDict(dict(dataclasses.asdict(OptimizerConfig()), learning_rate=2e-5))
-    # rank 0: no adapter, every parameter trains
-    c.lora = ml_collections.ConfigDict({"rank": 0, "alpha": 16.0, "targets": ("q_proj", "v_proj")})
+    # rank 0: no adapter, every parameter trains; format: the saved adapter's layout (models.lora.LAYOUTS)
+    c.lora = ml_collections.ConfigDict({"rank": 0, "alpha": 16.0, "targets": ("q_proj", "v_proj"),
+                                        "format": "scope_jax"})
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
     return c
 
@@ -89,6 +90,8 @@ def check(config: ml_collections.ConfigDict, purpose: str | None) -> None:
     if config.lora.rank:
         try:
             lora_config(config)
+            if config.lora.format not in lora.LAYOUTS:
+                raise ValueError(f"format is {config.lora.format!r}; one of {', '.join(lora.LAYOUTS)}")
         except ValueError as e:
             raise ConfigError(f"config group 'lora': {e}") from None
     if purpose is not None:
@@ -215,7 +218,8 @@ def train_sft(config, run_dir: RunDir, purpose: str | None) -> Trained:
     final = evaluate(loop.state)
     run_dir.log(train.steps, final)
     if config.lora.rank:
-        lora.save_adapter(run_dir.path / ADAPTER, loop.state.params[PARAMS].adapter, lora_config(config))
+        lora.save_adapter(run_dir.path / ADAPTER, loop.state.params[PARAMS].adapter, lora_config(config),
+                          format=config.lora.format)
         if purpose is not None:
             user_dialogues.record_fit(run_dir.path / ADAPTER, data_spec(config, "train"), purpose)
     return Trained(graphdef, loop.state.params[PARAMS], tokenizer, data, {**last, **final})

@@ -33,6 +33,16 @@ def trained_like(adapter, seed: int, scale: float = 0.2):
     return jax.tree.unflatten(treedef, [scale * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
 
 
+def tiny_llama_with_adapter(tiny_hf, scale: float):
+    """(HF folder, graphdef, base, LoRA graphdef, LoRAParams) of the tiny random Llama of the parity tests
+    with an `EVERY` adapter of random non-zero A and B."""
+    folder, _ = tiny_hf("llama")
+    _, (graphdef, base), _ = from_pretrained(folder)
+    lora_graphdef, params = lora.init(graphdef, base, EVERY, seed=3)
+    adapter = trained_like(params.adapter, 4, scale)
+    return folder, graphdef, base, lora_graphdef, params._replace(adapter=adapter)
+
+
 def tokens_and_positions(seed: int, shape=(2, 11), vocab: int = 64):
     tokens = jnp.asarray(np.random.default_rng(seed).integers(0, vocab, shape), jnp.int32)
     return tokens, jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape)
@@ -117,10 +127,7 @@ def test_merged_export_equals_transformers_with_the_merged_weights(tiny_hf, tmp_
     gives the logits of our unmerged forward; `save_pretrained` of `merge` loads in transformers as it."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    folder, torch_model = tiny_hf("llama")
-    _, (graphdef, base), _ = from_pretrained(folder)
-    lora_graphdef, params = lora.init(graphdef, base, EVERY, seed=3)
-    params = params._replace(adapter=trained_like(params.adapter, 4, scale=0.3))
+    folder, _, _, lora_graphdef, params = tiny_llama_with_adapter(tiny_hf, scale=0.3)
     lora.save_adapter(tmp_path / "adapter", params.adapter, EVERY)
 
     _, saved = lora.load_adapter(tmp_path / "adapter")
@@ -131,7 +138,7 @@ def test_merged_export_equals_transformers_with_the_merged_weights(tiny_hf, tmp_
                 a, b = (torch.as_tensor(np.asarray(factors[k])) for k in ("lora_a", "lora_b"))
                 for i, layer in enumerate(reference.model.layers):
                     getattr(getattr(layer, owner), name).weight += EVERY.scale * (a[i] @ b[i]).T
-    tokens, positions = tokens_and_positions(3, vocab=torch_model.config.vocab_size)
+    tokens, positions = tokens_and_positions(3, vocab=reference.config.vocab_size)
     with torch.no_grad():
         expected = reference(torch.as_tensor(np.asarray(tokens), dtype=torch.long)).logits.numpy()
     ours, _ = jit_forward(lora_graphdef, params, tokens, positions)
@@ -199,7 +206,7 @@ def test_an_adapter_saves_and_loads_on_its_own(adapted, tmp_path):
     _, loaded = lora.load(tmp_path, graphdef, base)
     jax.tree.map(np.testing.assert_array_equal, loaded.adapter, params.adapter)
     assert loaded.base is base
-    with pytest.raises(FileNotFoundError, match="no adapter.safetensors"):
+    with pytest.raises(FileNotFoundError, match="is not an adapter folder"):
         lora.load(tmp_path / "missing", graphdef, base)
     with pytest.raises(ValueError, match="does not fit this model"):
         lora.load(tmp_path, *init(dataclasses.replace(CONFIG, hidden_size=32, head_dim=8)))
