@@ -36,7 +36,7 @@ def test_proxy_job_replays_the_human_persuaders_and_writes_the_fidelity_table(tm
     config = get_config("quick")
     config.model = "tiny:0"
     config.data.data_dir = str(DATA)
-    config.fidelity.max_turns = 2
+    config.fidelity.update(max_turns=2, dialogues=2)  # 2 people x 2 dialogues: as many as 4 x 1 before
     config.optimizer.update(learning_rate=0.05, warmup_steps=0)  # two steps that change what the proxy says
     prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
