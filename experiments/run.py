@@ -49,7 +49,7 @@ def prepare(config) -> object:
     if "experiment" not in config:
         raise ConfigError("config key 'experiment' is missing (it names the job to run)")
     job = jobs.load(config.experiment)
-    validate(config, job.default_config())
+    validate(config, job.schema(config) if hasattr(job, "schema") else job.default_config())
     if hasattr(job, "check"):
         job.check(config)
     return job

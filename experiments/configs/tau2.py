@@ -21,7 +21,7 @@ adversary (`sim.objective = "adversarial"`). experiments/configs/tau2_qwen3.py i
 """
 
 from scope_jax.simulators.modes import sim_settings
-from scope_jax.training.config import default_config
+from scope_jax.training.config import default_config, env_settings
 
 SMOLLM2 = "smollm2-135m-instruct"
 
@@ -30,7 +30,8 @@ def get_config(mode: str = "frozen", model: str = SMOLLM2):
     """The tau2 RL config for simulator mode `mode`, with `model` (a spec: name, HF folder, .gguf) as agent,
     user simulator, held-out user, and judge; the Qwen3 config starts from this."""
     config = default_config()
-    config.env.update(name="tau2", data_dir="../shared/data/tau2", domain="retail", max_steps=6,
+    config.env = env_settings("tau2")
+    config.env.update(data_dir="../shared/data/tau2", domain="retail", max_steps=6,
                       max_errors=10, grading="basis", tool_format="text", agent_prompt="compact",
                       judge_model=model)
     # remat: without it the train step over 2k-token views took 11.8 GB here and was OOM-killed

@@ -2,29 +2,27 @@
 every step as a table in summary.md: success, each feature's pass, the merges' conflicts, messages sent,
 tool errors and how the episodes ended (the step's episodes' means of the environment's outcomes).
 
-Its settings are dialogue_rl's, with the `env` group holding every setting of CooperBenchEnv."""
+Its settings are dialogue_rl's, with the `env` group holding every setting of CooperBenchEnv
+(`training.config.env_settings`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import ml_collections
 
 from experiments.jobs import dialogue_rl
 from experiments.jobs.cooperbench_gold import markdown_table
-from scope_jax.envs.cooperbench import CooperBenchEnv
+from scope_jax.training.config import env_settings
 from scope_jax.training.run_dir import RunDir
 
-check = dialogue_rl.check
+check, schema = dialogue_rl.check, dialogue_rl.schema
 
 
 def default_config() -> ml_collections.ConfigDict:
     config = dialogue_rl.default_config()
     config.experiment = "cooperbench"
-    config.env = ml_collections.ConfigDict(
-        {"name": "cooperbench", **{f.name: f.default for f in dataclasses.fields(CooperBenchEnv)
-                                   if f.name != "first_speaker"}})
+    config.env = env_settings("cooperbench")
     return config
 
 

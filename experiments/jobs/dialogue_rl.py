@@ -12,7 +12,11 @@ from scope_jax.training.run_dir import RunDir  # noqa: E402
 from scope_jax.training.train import train  # noqa: E402
 
 default_config = rl_config.default_config
-check = rl_config.check
+schema = rl_config.schema
+
+
+def check(config) -> None:
+    rl_config.check(config)
 
 CURVES = (("reward", "train reward"), ("heldout_reward", "held-out reward"),
           ("agent/entropy", "agent entropy"), ("agent/kl", "agent KL"),

@@ -40,6 +40,8 @@ from scope_jax.dialogue.rollout import rollout  # noqa: E402
 from scope_jax.dialogue.speakers import ModelSpeaker, Player, Speaker  # noqa: E402
 from scope_jax.dialogue.transcript import transcript  # noqa: E402
 from scope_jax.envs.p4g import CLOSING_QUESTION, P4GEnv, Persona  # noqa: E402
+from scope_jax.envs.p4g_fidelity_stats import (BIN_LABELS, distances, donation_stats, histogram,  # noqa: E402
+                                               rank_correlation)
 from scope_jax.sampling import SamplingConfig  # noqa: E402
 from scope_jax.simulators.verbalized import (VerbalizedConfig, VerbalizedSampler, summarize,  # noqa: E402
                                              verbalized_config)
@@ -48,9 +50,6 @@ from scope_jax.training.players import load_model  # noqa: E402
 from scope_jax.training.run_dir import RunDir  # noqa: E402
 
 ARMS = ("direct", "verbalized")
-# Histogram bins in dollars: exactly $0, then quarters; the last bin holds $2.
-BINS = np.array([0.0, 0.005, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0 + 1e-9])
-BIN_LABELS = ("0", "0-.25", ".25-.5", ".5-.75", ".75-1", "1-1.25", "1.25-1.5", "1.5-1.75", "1.75-2")
 NOISE_DRAWS = 2000
 
 
@@ -93,53 +92,10 @@ def _env(config) -> P4GEnv:
 
 # --- statistics ----------------------------------------------------------------------------------------
 
-def histogram(donations: np.ndarray) -> np.ndarray:
-    """Share of donations in each of BINS."""
-    counts, _ = np.histogram(donations, BINS)
-    return counts / max(len(donations), 1)
-
-
-def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
-    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
-    grid = np.union1d(a, b)
-    cdf = lambda x: np.searchsorted(np.sort(x), grid, side="right") / len(x)
-    return float(np.max(np.abs(cdf(a) - cdf(b))))
-
-
-def distances(donations: np.ndarray, humans: np.ndarray) -> dict[str, float]:
-    return {"hist_l1": float(np.abs(histogram(donations) - histogram(humans)).sum()),
-            "ks": ks_statistic(donations, humans)}
-
-
 def noise_floor(humans: np.ndarray, n: int, rng: np.random.Generator) -> dict[str, float]:
     """Mean L1 and KS of n humans drawn at random (with replacement) against all humans."""
     draws = [distances(rng.choice(humans, n), humans) for _ in range(NOISE_DRAWS)]
     return {key: float(np.mean([d[key] for d in draws])) for key in ("hist_l1", "ks")}
-
-
-def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rank correlation (ties get their average rank); NaN when either side is constant (or has
-    fewer than 2 values)."""
-    def ranks(x: np.ndarray) -> np.ndarray:
-        order = np.argsort(x, kind="stable")
-        ranked = np.empty(len(x))
-        ranked[order] = np.arange(len(x))
-        return np.array([ranked[x == v].mean() for v in x])
-
-    if len(a) < 2:
-        return float("nan")
-    ra, rb = ranks(a), ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def donation_stats(donations: np.ndarray, humans: np.ndarray) -> dict[str, float]:
-    """n, donation rate, mean and distances to the humans of readable donations (NaN when there are none)."""
-    if not len(donations):
-        return {"n": 0, **dict.fromkeys(("donation_rate", "mean_donation", "hist_l1", "ks"), float("nan"))}
-    return {"n": len(donations), "donation_rate": float(np.mean(donations > 0)),
-            "mean_donation": float(np.mean(donations)), **distances(donations, humans)}
 
 
 def reply_diversity(episodes: list[Episode], n: int) -> dict[str, float]:

@@ -1,26 +1,27 @@
-"""The P4G human proxy: a persuadee fine-tuned on human persuadee turns, and its fidelity on held-out people.
+"""The P4G human proxy, the held-out judge: a persuadee fine-tuned on the judge split's human persuadee
+turns, and its fidelity on every held-out participant, with intervals.
 
-Training is the `sft` job on the persuadee role (`role` = "sim") of the train split's human dialogues.
-Then, on `fidelity.dialogues` held-out participants (the environment's "eval" split, a valid donation,
-at least `fidelity.max_turns` persuader turns; drawn by the seed), each arm plays one dialogue per
-participant at `fidelity.temperature` against that participant's own human persuader, whose turns are
-replayed as written (`fidelity.max_turns` of them, then the environment's closing question if no amount
-was stated):
+Training is the SFT loop (`scope_jax.training.sft`) on the persuadee role of the judge split's human
+dialogues; fitting the judge on any other split is refused (`envs.user_dialogues.check_fit`), and the
+saved adapter records its data. With `adapter` set to a saved adapter folder (`p4g_proxy.py:committed`)
+there is no training: the proxy is `model` + that adapter; fidelity.json records the sha256 of its file.
+
+Fidelity cases: every held-out participant (the environment's "eval" split) with a valid donation, once,
+in the human dialogue of their first row with one (file order), if it has at least `fidelity.max_turns`
+persuader turns (the others are counted as left out); `fidelity.dialogues` > 0 takes that many, drawn by
+the seed. Each arm plays every case `fidelity.samples` times at `fidelity.temperature` against the
+participant's own human persuader, whose turns are replayed as written (`fidelity.max_turns`, then the
+environment's closing question if no amount was stated):
 
   prompted  the model before fine-tuning: today's prompted simulator
   proxy     the fine-tuned model
 
-With `adapter` set to a saved adapter folder (`p4g_proxy.py:committed`: the committed one in
-docs/results/p4g_proxy/adapter) there is no training: the proxy is `model` + that adapter. fidelity.json
-records the sha256 of the proxy's adapter file, so a table can be traced to the adapter that made it.
-
-Both arms use the same personas, persuader turns and sampling keys. Each arm's readable donations are
-compared with those participants' real donations (`p4g_fidelity.arm_results`: donation rate, mean,
-histogram L1, KS, unreadable share, Spearman correlation with each participant's own donation). Two
-references: the human noise floor (the held-out humans split at random into halves, one half against
-the other) and the sampling noise of n humans drawn from them (`p4g_fidelity.noise_floor`).
-Outputs: fidelity.json, fidelity.md (the table), figures/donations.png (humans, prompted, proxy),
-dialogues.jsonl, and summary.md (the SFT curve and the table).
+Both arms use the same cases, persuader turns and sampling keys. With `transcripts` set to a
+dialogues.jsonl of this job, nothing is played: its arms are scored (a participant's first dialogue in
+the file counts); with `fidelity.arms` empty, only the references are written. The statistics, their
+bootstrap intervals over participants, the human floors and the traits-only ceiling (a ridge regression
+fitted on the judge split's people) are `envs.p4g_fidelity_stats`'. Outputs: fidelity.json, fidelity.md
+(the table), figures/donations.png, dialogues.jsonl, and summary.md.
 """
 
 from __future__ import annotations
@@ -34,55 +35,75 @@ import jax
 import ml_collections
 import numpy as np
 
-from experiments.jobs import p4g_fidelity, sft
+from experiments.jobs import p4g_fidelity, sft as sft_job
 from scope_jax.config import ConfigError
 from scope_jax.dialogue.episode import AGENT, SIM, Episode
 from scope_jax.dialogue.rollout import rollout
 from scope_jax.dialogue.speakers import ModelSpeaker, Player, ScriptedSpeaker
 from scope_jax.dialogue.transcript import transcript
-from scope_jax.envs.p4g import P4GEnv
+from scope_jax.envs import p4g_fidelity_stats as fs
+from scope_jax.envs.p4g import CLOSING_QUESTION, P4GEnv
 from scope_jax.envs.p4g_human import HumanDialogues
 from scope_jax.models import lora
 from scope_jax.sampling import SamplingConfig
+from scope_jax.training import sft
 from scope_jax.training.players import load_model
 from scope_jax.training.run_dir import RunDir
+
+ARMS = ("prompted", "proxy")
+PURPOSE = "judge"
 
 
 def default_config() -> ml_collections.ConfigDict:
     c = sft.default_config()
     c.experiment = "p4g_proxy"
+    c.data.train_split = "judge"
     c.adapter = ""  # a saved adapter folder to evaluate instead of training one
-    c.fidelity = ml_collections.ConfigDict({"dialogues": 32, "batch": 32, "max_turns": 4, "temperature": 1.0,
-                                            "max_new_tokens": 40, "max_context": 2048, "distinct_n": 2})
+    c.transcripts = ""  # a dialogues.jsonl of this job to score instead of playing
+    c.fidelity = ml_collections.ConfigDict({
+        "arms": ARMS, "dialogues": 0, "samples": 4, "batch": 32, "max_turns": 4, "temperature": 1.0,
+        "max_new_tokens": 40, "max_context": 2048, "distinct_n": 2})
     return c
 
 
 def check(config: ml_collections.ConfigDict) -> None:
     if config.role != SIM:
         raise ConfigError(f"config key 'role' is {config.role!r}; the proxy is the persuadee, 'sim'")
-    if config.fidelity.dialogues % config.fidelity.batch:
-        raise ConfigError("config key 'fidelity.dialogues' must be a multiple of 'fidelity.batch'")
+    if set(config.fidelity.arms) - set(ARMS):
+        raise ConfigError(f"config key 'fidelity.arms' is {config.fidelity.arms}; a subset of "
+                          f"{', '.join(ARMS)}")
+    if config.fidelity.samples < 1:
+        raise ConfigError(f"config key 'fidelity.samples' is {config.fidelity.samples}; it must be at "
+                          "least 1")
     if config.adapter:
         try:
             lora.adapter_weights_file(config.adapter)
         except (FileNotFoundError, ValueError) as error:
             raise ConfigError(f"config key 'adapter': {error}") from None
-    sft.check(config)
+    if config.transcripts and not pathlib.Path(config.transcripts).is_file():
+        raise ConfigError(f"config key 'transcripts' is {config.transcripts!r}, which is not a file")
+    sft.check(config, PURPOSE)
 
 
-def heldout_cases(config) -> tuple[P4GEnv, list[Episode], np.ndarray]:
-    """(the environment of the fidelity dialogues, the chosen held-out human dialogues, the donations of
-    every held-out participant with one)."""
+def heldout_cases(config) -> tuple[P4GEnv, list[Episode], dict[str, int]]:
+    """(the environment of the fidelity dialogues, one human dialogue per held-out participant with a
+    valid donation, how many such participants were left out and why)."""
     env = P4GEnv(data_dir=config.data.data_dir, max_turns=config.fidelity.max_turns)
-    every = HumanDialogues.load(env, "eval", config.fidelity.max_turns).episodes
-    long_enough = [e for e in every if e.turns_taken.get(AGENT, 0) == config.fidelity.max_turns]
-    if len(long_enough) < config.fidelity.dialogues:
-        raise ConfigError(f"config key 'fidelity.dialogues' is {config.fidelity.dialogues}, but only "
-                          f"{len(long_enough)} held-out dialogues have {config.fidelity.max_turns} persuader "
-                          "turns")
-    rng = np.random.default_rng([config.seed, 3])
-    chosen = [long_enough[i] for i in rng.choice(len(long_enough), config.fidelity.dialogues, replace=False)]
-    return env, chosen, np.array([e.scenario.donation for e in every])
+    dialogues = {e.scenario: e for e in HumanDialogues.load(env, "eval", config.fidelity.max_turns).episodes}
+    people = fs.first_per_participant(env.splits["eval"])
+    left_out = {"no_dialogue": sum(p not in dialogues for p in people),
+                "too_few_persuader_turns": sum(p in dialogues and dialogues[p].turns_taken.get(AGENT, 0)
+                                               < config.fidelity.max_turns for p in people)}
+    cases = [dialogues[p] for p in people
+             if p in dialogues and dialogues[p].turns_taken.get(AGENT, 0) == config.fidelity.max_turns]
+    if config.fidelity.dialogues:
+        if len(cases) < config.fidelity.dialogues:
+            raise ConfigError(f"config key 'fidelity.dialogues' is {config.fidelity.dialogues}, but only "
+                              f"{len(cases)} held-out participants have a dialogue of "
+                              f"{config.fidelity.max_turns} persuader turns")
+        rng = np.random.default_rng([config.seed, 3])
+        cases = [cases[i] for i in sorted(rng.choice(len(cases), config.fidelity.dialogues, replace=False))]
+    return env, cases, left_out
 
 
 def human_persuader(cases: list[Episode]) -> ScriptedSpeaker:
@@ -92,8 +113,10 @@ def human_persuader(cases: list[Episode]) -> ScriptedSpeaker:
 
 
 def play_arm(env: P4GEnv, cases: list[Episode], persuadee: Player, config) -> list[Episode]:
-    """One dialogue per case, `fidelity.batch` at a time; chunk c uses the same key in every arm."""
-    episodes = [Episode(case.scenario, group=i) for i, case in enumerate(cases)]
+    """`fidelity.samples` dialogues per case (sample-major), `fidelity.batch` at a time; chunk c uses the same
+    key in every arm."""
+    episodes = [Episode(case.scenario, group=i) for _ in range(config.fidelity.samples)
+                for i, case in enumerate(cases)]
     speakers = {AGENT: human_persuader(cases), SIM: ModelSpeaker(persuadee)}
     key = jax.random.key(config.seed)
     for c, start in enumerate(range(0, len(episodes), config.fidelity.batch)):
@@ -101,38 +124,78 @@ def play_arm(env: P4GEnv, cases: list[Episode], persuadee: Player, config) -> li
     return episodes
 
 
-def half_against_half(humans: np.ndarray, seed: int) -> dict[str, float]:
-    """The held-out humans split at random into two halves: the statistics of one against the other."""
-    order = np.random.default_rng([seed, 4]).permutation(len(humans))
-    half = len(humans) // 2
-    return p4g_fidelity.donation_stats(humans[order[:half]], humans[order[half:]])
+def fidelity_results(arms: dict[str, np.ndarray], own: np.ndarray, others: np.ndarray, ceiling: dict,
+                     seed: int) -> dict:
+    """The statistics of each arm's donations [n, k] against the participants' own [n] with bootstrap
+    intervals, the humans' own, and the references: the human floors (fresh people, `others`, at each arm's
+    readable sizes; halves of the n humans) and the traits-only `ceiling`."""
+    indices = fs.resamples(len(own), np.random.default_rng([seed, 5]))
+    humans = lambda o: {"donation_rate": float(np.mean(o > 0)), "mean_donation": float(np.mean(o))}
+    results = {"humans": {"n": len(own), "histogram": fs.histogram(own).tolist(),
+                          **fs.bootstrap(humans, indices, own)},
+               "arms": {}, "ceiling": ceiling}
+    full = fs.human_floors(own, others, [len(own)], np.random.default_rng([seed, 6]))
+    results["floors"] = {"halves": full["halves"], "fresh_all_read": full["fresh"]}
+    for arm, donations in arms.items():
+        sizes = [int(s) for s in np.sum(~np.isnan(donations), axis=0)]
+        readable = [column[~np.isnan(column)] for column in donations.T]
+        results["arms"][arm] = {
+            "n": len(own), "samples": donations.shape[1], "readable": sizes,
+            "histogram": np.mean([fs.histogram(r) for r in readable], axis=0).tolist(),
+            "floor": fs.human_floors(own, others, [max(s, 1) for s in sizes],
+                                     np.random.default_rng([seed, 7]))["fresh"],
+            **fs.bootstrap(fs.arm_statistics, indices, donations, own)}
+    return results
 
 
 Cell = Callable[[dict], str]
-number = lambda key: (lambda row: f"{row[key]:.3f}" if key in row else "")
+
+
+def _ranged(key: str) -> Cell:
+    def cell(row: dict) -> str:
+        if key not in row:
+            return ""
+        value = row[key]
+        middle = value.get("value", value.get("mean"))
+        if middle is None or np.isnan(middle):
+            return ""
+        return f"{middle:.3f} [{value['low']:.3f}, {value['high']:.3f}]"
+    return cell
+
+
 COLUMNS: tuple[tuple[str, Cell], ...] = (
-    ("n", lambda row: str(row["n"])),
-    ("donation rate", number("donation_rate")),
-    ("mean $", number("mean_donation")),
-    ("hist L1", number("hist_l1")),
-    ("KS", number("ks")),
-    ("unreadable", number("unreadable")),
-    ("rank corr. with own human", number("persona_corr")),
-    ("asked at end", number("asked_closing")),
-    ("distinct-2", number("distinct_2")),
+    ("people", lambda row: str(row.get("n", ""))),
+    ("donation rate", _ranged("donation_rate")),
+    ("mean $", _ranged("mean_donation")),
+    ("hist L1", _ranged("hist_l1")),
+    ("KS", _ranged("ks")),
+    ("unreadable", _ranged("unreadable")),
+    ("rank corr. with own donation", _ranged("rank_corr")),
 )
 
 
-def fidelity_table(results: dict) -> str:
+def table_rows(results: dict) -> list[tuple[str, dict]]:
+    """(label, row) of the table: the humans, the references, each arm and the human floor at its sizes."""
+    floors, ceiling = results["floors"], results["ceiling"]
     rows = [("humans (these participants)", results["humans"]),
-            ("human noise floor (half vs half)", results["human_halves"]),
-            *((f"{arm}", stats) for arm, stats in results["arms"].items())]
+            (f"human floor: half vs half ({floors['halves']['sizes'][0]} people each)", floors["halves"]),
+            (f"human floor: {floors['fresh_all_read']['sizes'][0]} other people", floors["fresh_all_read"]),
+            (f"traits-only ridge (fitted on {ceiling['fitted']} judge-split people)",
+             {"n": ceiling["scored"], "rank_corr": ceiling["rank_corr"]})]
+    for arm, row in results["arms"].items():
+        each = f"{row['samples']} dialogue{'s' if row['samples'] > 1 else ''} each"
+        rows += [(f"{arm} ({each})", row),
+                 (f"human floor: other people, as many as {arm} read", row["floor"])]
+    return rows
+
+
+def fidelity_table(results: dict) -> str:
     lines = ["| | " + " | ".join(name for name, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
-    lines += [f"| {label} | " + " | ".join(cell(row) for _, cell in COLUMNS) + " |" for label, row in rows]
-    floor = results["sampling_noise"]
-    lines += ["", f"Sampling noise at n = {results['humans']['n']}: that many held-out humans drawn at "
-              f"random score hist L1 {floor['hist_l1']:.3f} and KS {floor['ks']:.3f} against those humans "
-              "on average."]
+    lines += [f"| {label} | " + " | ".join(cell(row) for _, cell in COLUMNS) + " |"
+              for label, row in table_rows(results)]
+    lines += ["", "Value [95% interval]: arms, humans and the ridge, a bootstrap over participants (the "
+              "percentile interval of a distance leans high, so a value may sit below it); floors, the mean "
+              f"[2.5th, 97.5th percentile] of {fs.DRAWS} random draws. {results['cases']}"]
     return "\n".join(lines)
 
 
@@ -140,54 +203,95 @@ def adapter_sha256(folder: str | pathlib.Path) -> str:
     return hashlib.sha256(lora.adapter_weights_file(folder).read_bytes()).hexdigest()
 
 
-def evaluate(config, tokenizer, arms: dict[str, tuple], run_dir: RunDir, adapter: pathlib.Path) -> dict:
-    """The fidelity results of `arms` ({name: (graphdef, params)}) on the held-out participants; `adapter`:
-    the proxy's adapter folder."""
-    env, cases, heldout = heldout_cases(config)
-    humans = np.array([case.scenario.donation for case in cases])
-    fid = config.fidelity
-    sampling = SamplingConfig(temperature=fid.temperature, max_new_tokens=fid.max_new_tokens,
-                              stop_token_ids=(tokenizer.eos_token_id,),
-                              pad_token_id=tokenizer.pad_token_id or 0)
-    results = {"humans": {**p4g_fidelity.donation_stats(humans, humans),
-                          "histogram": p4g_fidelity.histogram(humans).tolist()},
-               "human_halves": half_against_half(heldout, config.seed),
-               "sampling_noise": p4g_fidelity.noise_floor(humans, len(humans),
-                                                          np.random.default_rng([config.seed, 2])),
-               "arms": {}, "adapter_sha256": adapter_sha256(adapter)}
-    transcripts = []
-    for arm, (graphdef, params) in arms.items():
-        print(f"fidelity: {arm}", flush=True)
-        player = Player(graphdef, params, tokenizer, sampling, fid.max_context)
-        episodes = play_arm(env, cases, player, config)
-        results["arms"][arm] = p4g_fidelity.arm_results(episodes, humans, fid.distinct_n)
-        transcripts += [dict(transcript(env, e), arm=arm, human_donation=e.scenario.donation)
-                        for e in episodes]
-    run_dir.write_text("dialogues.jsonl", "".join(json.dumps(t) + "\n" for t in transcripts))
-    run_dir.write_json("fidelity.json", results)
-    run_dir.write_text("fidelity.md", fidelity_table(results) + "\n")
-    series = [(f"humans (n={results['humans']['n']})", results["humans"]["histogram"])]
-    series += [(f"{arm} (n={stats['n']})", stats["histogram"]) for arm, stats in results["arms"].items()]
-    p4g_fidelity.plot(run_dir, series, f"P4G held-out donations: humans, prompted and proxy ({config.model})")
+def references(config, env: P4GEnv) -> tuple[np.ndarray, dict]:
+    """(other people's donations: the non-held-out participants', once each; the traits-only ceiling fitted
+    on the judge split and scored on the held-out participants)."""
+    others = np.array([p.donation for p in fs.first_per_participant(env.splits["train"])])
+    ceiling = fs.traits_ceiling(fs.first_per_participant(env.splits["judge"]),
+                                fs.first_per_participant(env.splits["eval"]),
+                                np.random.default_rng([config.seed, 8]))
+    return others, ceiling
+
+
+def scored_transcripts(path: pathlib.Path) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+    """({arm: donations [n, 1]}, own [n], the file's dialogue count) of a dialogues.jsonl: each participant's
+    first dialogue of an arm, in the order of the file's first arm."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    arms: dict[str, dict[str, tuple[float, float]]] = {}
+    for r in records:
+        found = (r["rewards"]["donation"], r["human_donation"])
+        arms.setdefault(r["arm"], {}).setdefault(r["scenario"], found)
+    people = list(next(iter(arms.values())))
+    own = np.array([next(iter(arms.values()))[p][1] for p in people])
+    return {arm: np.array([[found[p][0]] for p in people]) for arm, found in arms.items()}, own, len(records)
+
+
+def evaluate(config, run_dir: RunDir, played: dict[str, tuple] | None, adapter: pathlib.Path | None) -> dict:
+    """The fidelity results: of `played` ({arm: (graphdef, params, tokenizer)}) on the held-out cases, or
+    with `transcripts`, of those dialogues; `adapter`: the proxy's adapter folder (its sha256 is recorded)."""
+    env, cases, left_out = heldout_cases(config)
+    others, ceiling = references(config, env)
+    if config.transcripts:
+        arms, own, count = scored_transcripts(pathlib.Path(config.transcripts))
+        about = (f"Scored from the {count} dialogues of {pathlib.Path(config.transcripts).name}: each "
+                 "participant's first dialogue there counts once.")
+    else:
+        own = np.array([case.scenario.donation for case in cases])
+        arms, transcripts = {}, []
+        for arm, (graphdef, params, tokenizer) in (played or {}).items():
+            print(f"fidelity: {arm}", flush=True)
+            sampling = SamplingConfig(temperature=config.fidelity.temperature,
+                                      max_new_tokens=config.fidelity.max_new_tokens,
+                                      stop_token_ids=(tokenizer.eos_token_id,),
+                                      pad_token_id=tokenizer.pad_token_id or 0)
+            player = Player(graphdef, params, tokenizer, sampling, config.fidelity.max_context)
+            episodes = play_arm(env, cases, player, config)
+            arms[arm] = np.array([e.rewards["donation"] for e in episodes]).reshape(-1, len(cases)).T
+            transcripts += [dict(transcript(env, e), arm=arm, human_donation=e.scenario.donation)
+                            for e in episodes]
+        if transcripts:
+            run_dir.write_text("dialogues.jsonl", "".join(json.dumps(t) + "\n" for t in transcripts))
+        about = (f"Every held-out participant with a valid donation counts once, in the human dialogue of "
+                 f"their first row with one; left out: {left_out}.")
+    results = fidelity_results(arms, own, others, ceiling, config.seed)
+    results["cases"] = about
+    if adapter is not None:
+        results["adapter_sha256"] = adapter_sha256(adapter)
+    write(run_dir, results, config.model)
     return results
 
 
+def write(run_dir: RunDir, results: dict, model: str) -> None:
+    """fidelity.json, fidelity.md and figures/donations.png of `results`."""
+    run_dir.write_json("fidelity.json", results)
+    run_dir.write_text("fidelity.md", fidelity_table(results) + "\n")
+    series = [(f"humans (n={results['humans']['n']})", results["humans"]["histogram"])]
+    series += [(arm, stats["histogram"]) for arm, stats in results["arms"].items()]
+    p4g_fidelity.plot(run_dir, series, f"P4G held-out donations: humans and simulated persuadees ({model})")
+
+
 def run(config, run_dir: RunDir) -> None:
-    base_graphdef, base_params, tokenizer = load_model(config.model, dtype=config.dtype)
-    if config.adapter:
+    arms, adapter, lines, played = set(config.fidelity.arms), None, [], {}
+    if not config.transcripts and arms:
+        base_graphdef, base_params, tokenizer = load_model(config.model, dtype=config.dtype)
+        if "prompted" in arms:
+            played["prompted"] = (base_graphdef, base_params, tokenizer)
+        if "proxy" in arms:
+            if config.adapter:
+                adapter = pathlib.Path(config.adapter)
+                played["proxy"] = (*lora.load(adapter, base_graphdef, base_params), tokenizer)
+                lines = [f"# The P4G human proxy `{config.model}` + `{adapter}` (no training)"]
+            else:
+                trained = sft.train_sft(config, run_dir, PURPOSE)
+                adapter = run_dir.path / sft.ADAPTER
+                played["proxy"] = (trained.graphdef, trained.params, tokenizer)
+                lines = sft_job.summary_lines(config, trained, run_dir)
+    elif config.adapter:
         adapter = pathlib.Path(config.adapter)
-        proxy = lora.load(adapter, base_graphdef, base_params)
-        lines = [f"# The P4G human proxy `{config.model}` + `{adapter}` (no training)"]
-    else:
-        trained = sft.train_sft(config, run_dir)
-        adapter, proxy = run_dir.path / sft.ADAPTER, (trained.graphdef, trained.params)
-        lines = sft.summary_lines(config, trained, run_dir)
-    results = evaluate(config, tokenizer, {"prompted": (base_graphdef, base_params), "proxy": proxy}, run_dir,
-                       adapter)
+    results = evaluate(config, run_dir, played, adapter)
     lines += ["", "## Fidelity on held-out participants", "",
-              f"{config.fidelity.dialogues} held-out participants, one dialogue each at temperature "
-              f"{config.fidelity.temperature} against their own human persuader's first "
+              f"{results['humans']['n']} held-out participants, {config.fidelity.samples} dialogues each at "
+              f"temperature {config.fidelity.temperature} against their own human persuader's first "
               f"{config.fidelity.max_turns} turns, replies of at most {config.fidelity.max_new_tokens} "
-              "tokens.", "",
-              fidelity_table(results), "", "![donations](figures/donations.png)"]
+              "tokens.", "", fidelity_table(results), "", "![donations](figures/donations.png)"]
     run_dir.write_summary("\n".join(lines))

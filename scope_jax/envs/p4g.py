@@ -16,12 +16,15 @@ negates the agent's), `unreadable_reward` for an unreadable dialogue; outcomes: 
 
 Personas are the persuadee rows of the file; a seeded hash of the participant id puts
 `heldout_fraction` of the participants (all their rows) in the held-out split, which evaluation (split
-"eval") draws from. A missing or malformed data file raises `P4GDataError`, one line naming the file.
+"eval") draws from. A second hash of the id cuts the other participants ("train") into the *judge* split
+(`judge_fraction` of them), which the held-out judge is fitted on, and the *simulator* split, which
+every training simulator and data anchor draws from: no person is in two of judge, simulator and eval.
+The loop's "train" draws from `train_split`. A missing or malformed data file raises `P4GDataError`,
+one line naming the file.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
 import math
@@ -33,7 +36,7 @@ import numpy as np
 from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
 from scope_jax.envs.p4g_donations import extract_answer, extract_donation, readable
-from scope_jax.envs.p4g_stats import MAX_DONATION
+from scope_jax.envs.p4g_csv import MAX_DONATION, P4GDataError, read_rows
 
 DEFAULT_DATA_DIR = "../shared/data/p4g"
 INFO_FILE = "FullData/full_info.csv"
@@ -86,8 +89,7 @@ CLOSING_QUESTION = ("The chat is over. How much of your $2 do you donate to Save
                     "an amount in dollars, from $0 to $2.")
 
 
-class P4GDataError(ValueError):
-    """The P4G data folder lacks a file, or the file does not have the expected form."""
+TRAIN_SPLITS = ("train", "simulator")  # what the loop's "train" may draw from: never judge people
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,18 +111,13 @@ class Persona:
 def load_personas(data_dir: str | pathlib.Path) -> list[Persona]:
     """The persuadee rows of `data_dir`/FullData/full_info.csv, in file order."""
     path = pathlib.Path(data_dir) / INFO_FILE
-    if not path.is_file():
-        raise P4GDataError(f"P4G data file {path} is missing (set env.data_dir to the P4G folder)")
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or ())]
-            if missing:
-                raise P4GDataError(f"P4G data file {path} lacks the column(s) {', '.join(missing)}")
-            personas = [_persona(row) for row in reader if row["B4"] == "1"]
-    except (csv.Error, UnicodeDecodeError, _RowError) as e:
-        line = reader.line_num + (not isinstance(e, _RowError))  # a read error is in the line not yet counted
-        raise P4GDataError(f"P4G data file {path}, line {line}: {e}") from None
+    personas = []
+    for line, row in read_rows(path, REQUIRED_COLUMNS):
+        if row["B4"] == "1":
+            try:
+                personas.append(_persona(row))
+            except _RowError as e:
+                raise P4GDataError(f"P4G data file {path}, line {line}: {e}") from None
     if not personas:
         raise P4GDataError(f"P4G data file {path} has no persuadee rows (B4 = 1)")
     return personas
@@ -150,7 +147,17 @@ def _persona(row: dict[str, str | None]) -> Persona:
 
 def heldout_score(participant: str, seed: int) -> float:
     """A uniform number in [0, 1) fixed by (seed, participant): below the held-out fraction = held out."""
-    digest = hashlib.sha256(f"{seed}:{participant}".encode()).digest()
+    return _uniform(f"{seed}:{participant}")
+
+
+def judge_score(participant: str, seed: int) -> float:
+    """A second uniform number in [0, 1) fixed by (seed, participant), independent of `heldout_score`:
+    below the judge fraction = a train participant of the judge split, else of the simulator split."""
+    return _uniform(f"{seed}:judge:{participant}")
+
+
+def _uniform(text: str) -> float:
+    digest = hashlib.sha256(text.encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
@@ -245,29 +252,37 @@ def stated_donation(episode: Episode) -> float | None:
 @dataclasses.dataclass
 class P4GEnv:
     """data_dir: the P4G folder (holding FullData/full_info.csv); max_turns: turns per role;
-    heldout_fraction / split_seed: which participants are held out (split "eval"); unreadable_reward: both
-    roles' reward for a dialogue whose donation cannot be read."""
+    heldout_fraction / split_seed: which participants are held out (split "eval"); judge_fraction: the
+    share of the others in the judge split (the rest: the simulator split); train_split: the split the
+    loop's "train" draws from ("train": judge and simulator, "simulator", "judge"); unreadable_reward:
+    both roles' reward for a dialogue whose donation cannot be read."""
 
     data_dir: str = DEFAULT_DATA_DIR
     max_turns: int = 10
     heldout_fraction: float = 0.2
+    judge_fraction: float = 0.5
     split_seed: int = 0
+    train_split: str = "train"
     unreadable_reward: float = 0.0
     first_speaker: str = AGENT
 
     def __post_init__(self) -> None:
+        if self.train_split not in TRAIN_SPLITS:
+            raise ValueError(f"P4G train_split is {self.train_split!r}; one of {', '.join(TRAIN_SPLITS)}")
         self.personas = load_personas(self.data_dir)
-        heldout = [heldout_score(p.participant, self.split_seed) < self.heldout_fraction
-                   for p in self.personas]
-        self.splits = {"train": [p for p, h in zip(self.personas, heldout) if not h],
-                       "eval": [p for p, h in zip(self.personas, heldout) if h],
-                       "all": list(self.personas)}
+        held = lambda p: heldout_score(p.participant, self.split_seed) < self.heldout_fraction
+        judge = lambda p: judge_score(p.participant, self.split_seed) < self.judge_fraction
+        train = [p for p in self.personas if not held(p)]
+        self.splits = {"train": train, "judge": [p for p in train if judge(p)],
+                       "simulator": [p for p in train if not judge(p)],
+                       "eval": [p for p in self.personas if held(p)], "all": list(self.personas)}
 
     def sample_scenarios(self, n: int, rng: np.random.Generator, split: str = "train") -> list[Any]:
-        """n personas of a split ("train", "eval" = held out, or "all"), distinct while the split lasts."""
+        """n personas of a split ("train": those of `train_split`; "eval" = held out; "judge", "simulator"
+        or "all"), distinct while the split lasts."""
         if split not in self.splits:
             raise ValueError(f"unknown split {split!r}; one of {', '.join(self.splits)}")
-        pool = self.splits[split]
+        pool = self.splits[self.train_split if split == "train" else split]
         return [pool[i] for i in rng.choice(len(pool), n, replace=n > len(pool))]
 
     def system_prompt(self, scenario: Any, role: str) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 
-from scope_jax.envs.p4g_stats import MAX_DONATION
+from scope_jax.envs.p4g_csv import MAX_DONATION
 
 UNREADABLE = math.nan
 

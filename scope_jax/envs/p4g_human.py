@@ -16,13 +16,13 @@ are counted (`HumanDialogues.skipped`). The split is the environment's (a hash o
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import itertools
 import pathlib
 
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
-from scope_jax.envs.p4g import CLOSING_QUESTION, P4GDataError, P4GEnv, Persona
+from scope_jax.envs.p4g import CLOSING_QUESTION, P4GEnv, Persona
+from scope_jax.envs.p4g_csv import P4GDataError, read_rows
 
 DIALOG_FILE = "FullData/full_dialog.csv"
 DIALOG_COLUMNS = ("Unit", "B4", "B2")
@@ -32,14 +32,7 @@ SPEAKERS = {"0": AGENT, "1": SIM}
 def load_turns(data_dir: str | pathlib.Path) -> dict[str, list[tuple[str, str]]]:
     """{dialogue id: [(role, text) per turn]} from `data_dir`/FullData/full_dialog.csv, in row order."""
     path = pathlib.Path(data_dir) / DIALOG_FILE
-    if not path.is_file():
-        raise P4GDataError(f"P4G data file {path} is missing (set env.data_dir to the P4G folder)")
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in DIALOG_COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise P4GDataError(f"P4G data file {path} lacks the column(s) {', '.join(missing)}")
-        rows = list(reader)
+    rows = [row for _, row in read_rows(path, DIALOG_COLUMNS)]
     unknown = sorted({row["B4"] for row in rows} - set(SPEAKERS))
     if unknown:
         raise P4GDataError(f"P4G data file {path} has speaker code(s) {', '.join(unknown)} in column B4 "

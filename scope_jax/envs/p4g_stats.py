@@ -42,11 +42,12 @@ donation itself is the episode's end, not a reply act.
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
 import pathlib
 from typing import Any
+
+from scope_jax.envs.p4g_csv import MAX_DONATION, read_rows
 
 STRATEGIES: tuple[str, ...] = (
     "logical-appeal",
@@ -93,7 +94,7 @@ USER_ACTS: tuple[str, ...] = tuple(USER_GROUPS)
 _GROUP_OF = {label: group for group, labels in USER_GROUPS.items() for label in labels}
 _ALIASES = {"non-personal-task-related-inquiry": "task-related-inquiry"}
 
-MAX_DONATION = 2.0
+ANNOTATED_FILE = "AnnotatedData/300_dialog.csv"
 STATS_PATH = pathlib.Path(__file__).with_name("p4g_stats.json")
 
 
@@ -116,14 +117,13 @@ def _turns(rows: list[dict[str, str]]) -> list[list[tuple[str, list[str]]]]:
     return dialogues
 
 
-def _donations(info_csv: pathlib.Path) -> dict[str, float]:
+def _donations(data_dir: pathlib.Path) -> dict[str, float]:
     values = []
-    with info_csv.open(newline="") as f:
-        for row in csv.DictReader(f):
-            if row["B4"] == "1" and row["B6"].strip():
-                value = float(row["B6"])
-                if 0.0 <= value <= MAX_DONATION:
-                    values.append(value)
+    for _, row in read_rows(data_dir / "FullData" / "full_info.csv", ("B4", "B6")):
+        if row["B4"] == "1" and (row["B6"] or "").strip():
+            value = float(row["B6"])
+            if 0.0 <= value <= MAX_DONATION:
+                values.append(value)
     return {
         "count": len(values),
         "mean": round(sum(values) / len(values), 6),
@@ -134,9 +134,8 @@ def _donations(info_csv: pathlib.Path) -> dict[str, float]:
 def compute_stats(data_dir: str | pathlib.Path) -> dict[str, Any]:
     """Recompute the table from the P4G folder (the one holding AnnotatedData/ and FullData/)."""
     data_dir = pathlib.Path(data_dir)
-    with (data_dir / "AnnotatedData" / "300_dialog.csv").open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    dialogues = _turns(rows)
+    columns = ("B2", "B4", "er_label_1", "er_label_2", "ee_label_1", "ee_label_2")
+    dialogues = _turns([row for _, row in read_rows(data_dir / ANNOTATED_FILE, columns)])
     strategy_turns = dict.fromkeys(STRATEGIES, 0)
     reply_counts = {s: dict.fromkeys(USER_ACTS, 0) for s in STRATEGIES}
     request_turns = 0
@@ -162,7 +161,7 @@ def compute_stats(data_dir: str | pathlib.Path) -> dict[str, Any]:
         "strategy_turns": [strategy_turns[s] for s in STRATEGIES],
         "donation_request_turns": request_turns,
         "reply_counts": [[reply_counts[s][u] for u in USER_ACTS] for s in STRATEGIES],
-        "donation": _donations(data_dir / "FullData" / "full_info.csv"),
+        "donation": _donations(data_dir),
     }
 
 

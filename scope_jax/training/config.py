@@ -10,7 +10,7 @@ split over the mesh or the micro-batches, and more (see `check`).
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import pathlib
 
 import jax
 import ml_collections
@@ -18,6 +18,7 @@ import ml_collections
 from scope_jax import distributed, envs, sharding
 from scope_jax.config import ConfigError
 from scope_jax.dialogue.environment import Environment
+from scope_jax.envs import user_dialogues
 from scope_jax.simulators.modes import SimulatorMode, make_mode
 from scope_jax.simulators.verbalized import VerbalizedConfig, verbalized_config
 from scope_jax.training import monitor
@@ -30,13 +31,7 @@ def default_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.experiment = "dialogue_rl"
     c.seed = 0
-    # The settings of every environment; each takes those its class has (see make_env).
-    c.env = ml_collections.ConfigDict({"name": "target_word", "max_turns": 2,
-                                       "data_dir": "../shared/data/p4g", "unreadable_reward": 0.0})
-    # tau2 (scope_jax.envs.tau2.Tau2Env; its defaults)
-    c.env.update({"domain": "retail", "max_steps": 200, "max_errors": 10, "grading": "basis",
-                  "fix_quirks": False, "tool_format": "template", "train_split": "train",
-                  "eval_split": "test", "judge_model": "", "agent_prompt": "full"})
+    c.env = env_settings("target_word")  # a config file of another environment replaces the group
     # dtype and max_context hold for every model; remat (recompute each layer in the backward pass: less
     # activation memory, about a third more compute) for the agent's model, and in self-play both roles'.
     c.agent = ml_collections.ConfigDict({"model": "tiny:0", "dtype": "float32", "max_context": 512,
@@ -68,6 +63,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict({
         "steps": 30, "microbatches": 1, "eval_every": 10, "eval_groups": 4, "checkpoint_every": 10,
         "max_consecutive_skips": 3, "samples": 4,  # transcripts written at each eval: samples/step-S.jsonl
+        "eval_first": False,  # evaluate before the first update too: the untrained agent's baseline
     })
     c.eval = ml_collections.ConfigDict({"sim_models": ("tiny:101",)})
     c.monitor = ml_collections.ConfigDict(dataclasses.asdict(monitor.MonitorConfig()))
@@ -75,9 +71,28 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
-def check(config: ml_collections.ConfigDict) -> SimulatorMode:
+def env_settings(name: str) -> ml_collections.ConfigDict:
+    """The `env` group of environment `name`: its name and every setting of its class, at the class's
+    defaults (the first speaker is the environment's own; a setting without a plain default, such as a
+    judge object, is not a config key)."""
+    fields = dataclasses.fields(envs.ENVIRONMENTS[name])
+    return ml_collections.ConfigDict({"name": name, **{
+        f.name: f.default for f in fields
+        if f.init and f.name != "first_speaker" and f.default not in (dataclasses.MISSING, None)}})
+
+
+def schema(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The keys and types `config` may have: `default_config` with the env group of its environment."""
+    c = default_config()
+    name = config.get("env", {}).get("name")
+    if name in envs.ENVIRONMENTS:
+        c.env = env_settings(name)
+    return c
+
+
+def check(config: ml_collections.ConfigDict) -> tuple[SimulatorMode, Environment]:
     """Refuse impossible or silently wrong combinations before any work (ConfigError, one line naming the
-    key); returns the simulator mode."""
+    key); returns the simulator mode and the environment (built once, here)."""
     try:
         verbalized_config(config.verbalized)
     except ValueError as e:
@@ -89,8 +104,8 @@ def check(config: ml_collections.ConfigDict) -> SimulatorMode:
                           "be at least 1 (the last step is always saved)")
     _check_rows(config, mode)
     _check_shards(config)
-    make_env(config.env)  # a missing or malformed data file stops the run here, in one line
-    return mode
+    _check_fits(config)
+    return mode, make_env(config.env)  # a missing or malformed data file stops the run here, in one line
 
 
 def _check_sampling(config) -> None:
@@ -136,14 +151,39 @@ def _check_shards(config) -> None:
                               "shards; see docs/distributed.md)")
 
 
+def _check_fits(config) -> None:
+    """The judge and the training simulators are fitted on disjoint people (`envs.user_dialogues`): the data
+    anchor draws from the simulator split, a fitted training simulator was fitted on it, a fitted held-out
+    simulator (the judge) on the judge split, and no fitted model is both trained against and the judge."""
+    if config.sim.data:
+        try:
+            user_dialogues.check_fit(config.sim.data, "simulator")
+        except ValueError as e:
+            raise ConfigError(f"config key 'sim.data': {e}") from None
+    judges = set(config.eval.sim_models)
+    roles = [("sim.model", config.sim.model, "simulator")] + [("sim.models", s, "simulator")
+                                                               for s in config.sim.models]
+    for key, spec, purpose in roles + [("eval.sim_models", s, "judge") for s in config.eval.sim_models]:
+        if "+" in spec and not pathlib.Path(spec.split("+", 1)[1]).is_dir():
+            raise ConfigError(f"config key '{key}' is {spec!r}, but its adapter folder does not exist (fit "
+                              "it first; docs/sft.md)")
+        fit = user_dialogues.recorded_fit(spec)
+        if fit is not None and fit["purpose"] != purpose:
+            raise ConfigError(f"config key '{key}' is {spec!r}, fitted as the {fit['purpose']} on "
+                              f"{fit['data']}; a {purpose} here must be fitted as one (docs/p4g.md)")
+    for key, spec, _ in roles:
+        if "+" in spec and spec in judges:
+            raise ConfigError(f"config key '{key}' is {spec!r}, also the judge (eval.sim_models): the agent "
+                              "would train against the model that evaluates it")
+
+
 def make_env(env_config: ml_collections.ConfigDict) -> Environment:
-    """The environment `env_config.name` with the settings of the group that its class takes."""
+    """The environment `env_config.name` with the group's settings (`env_settings`' keys)."""
     if env_config.name not in envs.ENVIRONMENTS:
         raise ConfigError(f"config key 'env.name' is {env_config.name!r}; "
                           f"one of {', '.join(envs.ENVIRONMENTS)}")
-    takes = inspect.signature(envs.ENVIRONMENTS[env_config.name]).parameters
     try:
-        return envs.make(env_config.name, **{k: v for k, v in env_config.items() if k in takes})
+        return envs.make(env_config.name, **{k: v for k, v in env_config.items() if k != "name"})
     except (OSError, ValueError) as e:
         raise ConfigError(f"config group 'env': {e}") from None
 

@@ -1,8 +1,10 @@
 """The simulators' data anchor in the dialogue loop: user dialogues in the trained simulator's view.
 
-`sim.data` names the user dialogues, "SOURCE:SPLIT": "p4g_human:train" is the human Persuasion for Good
-dialogues of the environment's train split of participants (`envs.p4g_human`, each cut to the run's
-`env.max_turns` turns per role and closed by the participant's real donation). Each is written in the
+`sim.data` names the user dialogues, "SOURCE:SPLIT" (`envs.user_dialogues`): "p4g_human:simulator" is the
+human Persuasion for Good dialogues of the environment's simulator split of participants (`envs.p4g_human`,
+each cut to the run's `env.max_turns` turns per role and closed by the participant's real donation); an
+anchor is a training simulator's data, so any other split is refused (`user_dialogues.check_fit`). Each is
+written in the
 simulator's token view as SFT writes it (`sft_data.dialogue_view`: the tokens RL would train on), and
 each train step draws the anchor's rows, [P, M, L] (M rows per member, as many as the member's own
 episodes on this process), with replacement, from (seed, step, process): a resumed run draws what an
@@ -12,7 +14,6 @@ uninterrupted one would. The simulators' loss adds `sim.data_coef` x their NLL (
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 import jax
 import numpy as np
@@ -20,24 +21,11 @@ import numpy as np
 from scope_jax import distributed
 from scope_jax.config import ConfigError
 from scope_jax.dialogue.environment import Environment
-from scope_jax.dialogue.episode import SIM, Episode
+from scope_jax.dialogue.episode import SIM
 from scope_jax.dialogue.views import RoleView
-from scope_jax.envs.p4g import P4GEnv
-from scope_jax.envs.p4g_human import HumanDialogues
+from scope_jax.envs import user_dialogues
 from scope_jax.training.batch import TokenBatch, padded_length
 from scope_jax.training.sft_data import dialogue_view, token_batch
-
-
-def p4g_human(env: Environment, split: str) -> list[Episode]:
-    if not isinstance(env, P4GEnv):
-        raise ConfigError(f"config key 'sim.data' names the P4G human dialogues, but the environment is "
-                          f"{type(env).__name__}, not P4G")
-    if split not in env.splits:
-        raise ConfigError(f"config key 'sim.data' names the split {split!r}; one of {', '.join(env.splits)}")
-    return HumanDialogues.load(env, split, env.max_turns).episodes
-
-
-SOURCES: dict[str, Callable[[Environment, str], list[Episode]]] = {"p4g_human": p4g_human}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +38,11 @@ class DataAnchor:
 
     @classmethod
     def load(cls, spec: str, env: Environment, tokenizer, seed: int) -> "DataAnchor":
-        source, _, split = spec.partition(":")
-        if source not in SOURCES or not split:
-            raise ConfigError(f"config key 'sim.data' is {spec!r}; write SOURCE:SPLIT with SOURCE one of "
-                              f"{', '.join(SOURCES)}")
-        episodes = SOURCES[source](env, split)
+        try:
+            user_dialogues.check_fit(spec, "simulator")
+            episodes = user_dialogues.load(spec, env, env.max_turns).episodes
+        except ValueError as e:
+            raise ConfigError(f"config key 'sim.data': {e}") from None
         if not episodes:
             raise ConfigError(f"config key 'sim.data' is {spec!r}, which holds no dialogues")
         views = tuple(dialogue_view(env, e, SIM, tokenizer) for e in episodes)

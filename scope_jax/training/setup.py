@@ -24,7 +24,7 @@ from scope_jax.sampling import SamplingConfig
 from scope_jax.simulators.modes import SimulatorMode, SimulatorModels
 from scope_jax.training import state as joint
 from scope_jax.training.batch import Batch
-from scope_jax.training.config import check, loss_config, make_env
+from scope_jax.training.config import check, loss_config
 from scope_jax.training.data_anchor import DataAnchor
 from scope_jax.training.optimizer import OptimizerConfig, make_optimizer
 from scope_jax.training.players import load_model
@@ -64,8 +64,7 @@ class Setup:
 
 
 def build(config: ml_collections.ConfigDict) -> Setup:
-    mode = check(config)
-    env = make_env(config.env)
+    mode, env = check(config)
     words = getattr(env, "vocabulary", ())
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
 

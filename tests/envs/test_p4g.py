@@ -224,10 +224,11 @@ def test_data_errors_are_one_line_naming_the_file(tmp_path, breakage, message):
 def test_run_stops_with_one_line_naming_the_file(tmp_path):
     from experiments.run import prepare
     from scope_jax.config import ConfigError
-    from scope_jax.training.config import default_config
+    from scope_jax.training.config import default_config, env_settings
 
     config = default_config()
-    config.env.name, config.env.data_dir = "p4g", str(tmp_path / "nowhere")
+    config.env = env_settings("p4g")
+    config.env.data_dir = str(tmp_path / "nowhere")
     message = r"config group 'env': P4G data file .*nowhere/FullData/full_info.csv is missing"
     with pytest.raises(ConfigError, match=message):
         prepare(config)

@@ -85,3 +85,18 @@ def test_train_split_is_the_participants_the_environment_does_not_hold_out(real_
     scores = np.array([p4g.heldout_score(p, real_env.split_seed) for p in train])
     assert scores.min() >= real_env.heldout_fraction
     assert (len(train), len(held_out)) == (597, 150)  # regression pin (measured): the committed hash split
+
+
+def test_judge_and_simulator_splits_cut_the_train_participants_by_a_second_hash(real_env):
+    people = {split: {p.participant for p in real_env.splits[split]} for split in real_env.splits}
+    assert people["judge"] | people["simulator"] == people["train"]
+    assert not people["judge"] & people["simulator"] and not people["train"] & people["eval"]
+    score = lambda p: p4g.judge_score(p, real_env.split_seed)
+    assert all(score(p) < real_env.judge_fraction for p in people["judge"])
+    assert all(score(p) >= real_env.judge_fraction for p in people["simulator"])
+    assert (len(people["judge"]), len(people["simulator"])) == (335, 275)  # regression pin (measured)
+    env = p4g.P4GEnv(data_dir=str(DATA), train_split="simulator")  # what p4g_rl trains the agent on
+    drawn = env.sample_scenarios(64, np.random.default_rng(0), split="train")
+    assert {p.participant for p in drawn} <= people["simulator"]
+    with pytest.raises(ValueError, match="train_split is 'judge'"):
+        p4g.P4GEnv(data_dir=str(DATA), train_split="judge")

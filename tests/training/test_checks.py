@@ -33,6 +33,12 @@ BAD = [
     ("a data anchor without user data", "cotrain", {"sim.data_coef": 0.5}, "sim.data_coef"),
     ("a data anchor on a frozen simulator", "frozen", {"sim.data_coef": 0.5, "sim.data": "p4g"}, "sim.data_coef"),
     ("an unknown mode", "frozen", {"sim.mode": "alternating"}, "sim.mode"),
+    ("a data anchor on the judge's people", "cotrain", {"sim.data_coef": 0.5, "sim.data": "p4g_human:judge"},
+     "sim.data"),
+    ("a data anchor on judge and simulator people", "cotrain",
+     {"sim.data_coef": 0.5, "sim.data": "p4g_human:train"}, "sim.data"),
+    ("a data anchor on held-out people", "cotrain", {"sim.data_coef": 0.5, "sim.data": "p4g_human:eval"},
+     "sim.data"),
 ]
 
 
@@ -62,3 +68,46 @@ def test_regret_is_refused_by_the_rl_step_too_saying_it_needs_a_best_response():
     with pytest.raises(ConfigError, match="best response") as error:
         role_advantages(setup, [episode, episode])
     assert "\n" not in str(error.value)
+
+
+@pytest.fixture
+def fitted(tmp_path):
+    """Adapter folders that record what they were fitted on, as the SFT loop writes them (no weights: the
+    check reads only the record)."""
+    from scope_jax.envs.user_dialogues import record_fit
+
+    def folder(purpose: str) -> str:
+        path = tmp_path / purpose
+        path.mkdir()
+        record_fit(path, f"p4g_human:{purpose}", purpose)
+        return f"tiny:1+{path}"
+
+    return folder
+
+
+def test_a_simulator_fitted_on_judge_data_or_a_judge_on_simulator_data_is_refused(fitted):
+    judge, simulator = fitted("judge"), fitted("simulator")
+    config = get_config("frozen")
+    config.sim.model, config.eval.sim_models = simulator, (judge,)
+    check(config)  # each fitted on its own split
+    for key, changes in [("sim.model", {"sim.model": judge}),
+                         ("eval.sim_models", {"eval.sim_models": (simulator,)})]:
+        bad = get_config("frozen")
+        bad.sim.model, bad.eval.sim_models = simulator, (judge,)
+        for name, value in changes.items():
+            group, field = name.split(".")
+            bad[group][field] = value
+        with pytest.raises(ConfigError, match="fitted as the") as error:
+            check(bad)
+        assert f"'{key}'" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_training_against_the_judge_itself_is_refused(tmp_path):
+    """A saved adapter that records nothing (not fitted by the SFT loop) may be a judge or a simulator,
+    but not both in one run."""
+    config = get_config("rotation")
+    config.sim.models = ("tiny:1", f"tiny:2+{tmp_path}")
+    config.eval.sim_models = (f"tiny:2+{tmp_path}",)
+    with pytest.raises(ConfigError, match="train against the model that evaluates it") as error:
+        check(config)
+    assert "'sim.models'" in str(error.value)

@@ -1,5 +1,6 @@
-"""The dialogue loop's data anchor: each step's simulator batch carries rows of the train split's human P4G
-dialogues in the simulator's view (the SFT job's tokens), drawn by (seed, step), and the update uses them."""
+"""The dialogue loop's data anchor: each step's simulator batch carries rows of the simulator split's human
+P4G dialogues in the simulator's view (the SFT job's tokens), drawn by (seed, step), and the update uses
+them; no row is a judge's or a held-out person's."""
 
 import pathlib
 
@@ -14,6 +15,7 @@ from scope_jax.envs.p4g_human import HumanDialogues
 from scope_jax.models.tiny import word_tokenizer
 from scope_jax.training import rl_step
 from scope_jax.training.batch import TokenBatch
+from scope_jax.training.config import check
 from scope_jax.training.data_anchor import DataAnchor
 from scope_jax.training.setup import build
 from scope_jax.training.sft_data import dialogue_view
@@ -31,7 +33,7 @@ def anchored():
     needs_data()
     config = get_config("cotrain", model="tiny:0")
     config.env.data_dir = str(DATA)
-    config.sim.update(data_coef=1.0, data="p4g_human:train")
+    config.sim.update(data_coef=1.0, data="p4g_human:simulator")
     config.rollout.update(groups=2, group_size=2)
     config.sampling.max_new_tokens = 4
     config.eval.sim_models = ("tiny:2",)
@@ -45,20 +47,23 @@ def rows_of(tokens: TokenBatch) -> list[tuple[int, ...]]:
     return [tuple(t[:int(np.nonzero(m)[0].max()) + 1].tolist()) for t, m in zip(ids, mask)]
 
 
-def test_rows_are_train_split_human_dialogues_in_the_simulators_view_drawn_by_the_step():
-    """With a tokenizer that knows the dialogues' words, every row is the SFT view of a train-split
-    dialogue and of no held-out one; a step's rows are a function of the step."""
+def test_rows_are_simulator_split_human_dialogues_in_the_simulators_view_drawn_by_the_step():
+    """With a tokenizer that knows the dialogues' words, every row is the SFT view of a simulator-split
+    dialogue and of no judge or held-out one; a step's rows are a function of the step."""
     needs_data()
     env = P4GEnv(data_dir=str(DATA), max_turns=1)
-    dialogues = {split: HumanDialogues.load(env, split, 1).episodes for split in ("train", "eval")}
-    words = {w for episodes in dialogues.values() for e in episodes for m in e.messages for w in m.text.split()}
-    words |= {w for e in dialogues["train"] + dialogues["eval"] for w in env.system_prompt(e.scenario, SIM).split()}
+    splits = ("simulator", "judge", "eval")
+    dialogues = {split: HumanDialogues.load(env, split, 1).episodes for split in splits}
+    episodes = [e for split in splits for e in dialogues[split]]
+    words = {w for e in episodes for m in e.messages for w in m.text.split()}
+    words |= {w for e in episodes for w in env.system_prompt(e.scenario, SIM).split()}
     tokenizer = word_tokenizer(tuple(sorted(words)))
     views = {split: {tuple(dialogue_view(env, e, SIM, tokenizer).ids) for e in episodes}
              for split, episodes in dialogues.items()}
-    anchor = DataAnchor.load("p4g_human:train", env, tokenizer, seed=0)
+    anchor = DataAnchor.load("p4g_human:simulator", env, tokenizer, seed=0)
     rows = rows_of(anchor.rows(step=3, members=4, per_member=8))
-    assert len(rows) == 32 and all(row in views["train"] and row not in views["eval"] for row in rows)
+    assert len(rows) == 32 and all(row in views["simulator"] for row in rows)
+    assert not any(row in views["judge"] or row in views["eval"] for row in rows)
     assert rows == rows_of(anchor.rows(step=3, members=4, per_member=8))  # a resumed step draws the same
     assert rows != rows_of(anchor.rows(step=4, members=4, per_member=8))
 
@@ -80,8 +85,26 @@ def test_the_step_update_includes_the_anchors_nll(anchored):
 def test_a_malformed_data_name_is_refused_in_one_line(anchored):
     setup = anchored
     tokenizer = setup.agent.tokenizer
-    for spec, said in [("p4g_human", "SOURCE:SPLIT"), ("p4g_human:test", "split 'test'"),
-                       ("humans:train", "SOURCE:SPLIT")]:
+    for spec, said in [("p4g_human", "SOURCE:SPLIT"), ("p4g_human:test", "split"),
+                       ("humans:train", "SOURCE:SPLIT"), ("p4g_human:judge", "never share a person"),
+                       ("p4g_human:train", "never share a person")]:
         with pytest.raises(ConfigError, match=said) as error:
             DataAnchor.load(spec, setup.env, tokenizer, seed=0)
         assert "'sim.data'" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_p4g_rl_trains_on_simulator_people_and_its_fitted_arm_needs_its_adapter():
+    """p4g_rl's arms check (the anchor on the simulator split); `fitted` is refused in one line while its
+    adapter (fitted on the simulator split by sft.py:fitted) is not there."""
+    needs_data()
+    for arm in ("frozen", "cotrain_data"):
+        config = get_config(arm)
+        config.env.data_dir = str(DATA)
+        check(config)
+        assert config.env.train_split == "simulator" and config.train.eval_first
+    config = get_config("fitted")
+    if pathlib.Path(config.sim.model.split("+", 1)[1]).is_dir():
+        pytest.skip("the fitted simulator is committed")
+    with pytest.raises(ConfigError, match="adapter folder does not exist") as error:
+        check(config)
+    assert "'sim.model'" in str(error.value)

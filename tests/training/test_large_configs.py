@@ -75,7 +75,8 @@ def test_one_training_step_on_a_tiny_checkpoint(tmp_path, size):
     config.sampling.max_new_tokens = 4
     config.rollout.update(groups=2, group_size=2)
     evaluated = size == EVALUATED  # evaluation compiles its own programs per shape; the step is what varies
-    config.train.update(steps=1, eval_every=int(evaluated), eval_groups=1, checkpoint_every=1, microbatches=2)
+    config.train.update(steps=1, eval_every=int(evaluated), eval_first=False, eval_groups=1,
+                        checkpoint_every=1, microbatches=2)
     config.monitor.update(probe_contexts=1, probe_samples=2, fork_contexts=1, forks=2, branches=2)
     prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:

@@ -33,7 +33,10 @@ def tiny_config(**train):
 
 @pytest.mark.slow
 def test_agent_learns_the_target_word_against_a_frozen_simulator(tmp_path):
-    config = tiny_config(steps=30, eval_every=30, checkpoint_every=30)
+    """... and with train.eval_first, step 0 is evaluated before its update (the untrained agent's
+    baseline), as the last step is, with every held-out dialogue written: the logged held-out reward is
+    the mean of those dialogues' rewards."""
+    config = tiny_config(steps=30, eval_every=30, checkpoint_every=30, eval_first=True)
     prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
         train(config, run_dir)
@@ -41,6 +44,14 @@ def test_agent_learns_the_target_word_against_a_frozen_simulator(tmp_path):
     rewards = [r["reward"] for r in metrics]
     first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])
     assert last > first + 0.3, (first, last)
+    evaluated = [r for r in metrics if "heldout_reward" in r]
+    assert [r["step"] for r in evaluated] == [0, 29]
+    for record in evaluated:
+        lines = (tmp_path / "run" / "samples" / f"eval-step-{record['step']}.jsonl").read_text().splitlines()
+        dialogues = [json.loads(line) for line in lines]
+        assert len(dialogues) == config.train.eval_groups * config.rollout.group_size
+        assert {d["heldout"] for d in dialogues} == {0}
+        assert record["heldout_reward"] == pytest.approx(np.mean([d["rewards"]["agent"] for d in dialogues]))
     # every step's rollout went through the KV caches (the default), each view an extension of its cache
     assert all(r["rollout/cache_fallbacks"] == 0 and r["rollout/reused_tokens"] > r["rollout/prefill_tokens"]
                for r in metrics)
@@ -103,3 +114,4 @@ def test_finished_run_is_not_overwritten_and_another_config_is_refused(tmp_path)
     other.seed = 1
     with pytest.raises(Exception, match="another config"):
         RunDir.create(tmp_path / "run", other)
+

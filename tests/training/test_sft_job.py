@@ -76,5 +76,6 @@ def test_missing_data_file_and_bad_split_are_one_line_config_errors(tmp_path):
         prepare(config)
     config = tiny_config()
     config.data.eval_split = "test"
-    with pytest.raises(ConfigError, match=r"data.eval_split is 'test'; one of train, eval, all$"):
+    splits = "train, judge, simulator, eval, all"
+    with pytest.raises(ConfigError, match=rf"data.eval_split is 'test'; one of {splits}$"):
         prepare(config)
