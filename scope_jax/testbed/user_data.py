@@ -123,6 +123,11 @@ def bootstrap(d: Dialogues, seed: tuple[int, ...]) -> Dialogues:
     return Dialogues(*(x[rows] for x in d))
 
 
+def resamples(train: Dialogues, config: DataConfig, n: int, members: int) -> list[Dialogues]:
+    """The bootstrap resamples of the fitted part at size n that a population's members see, one each."""
+    return [bootstrap(train, (config.seed, n, p)) for p in range(members)]
+
+
 def temper(table: np.ndarray, temperature: float) -> np.ndarray:
     """softmax(log q / T) over the reply acts of a table [..., U] with positive entries."""
     logits = np.log(np.maximum(table, 1e-300)) / temperature
