@@ -78,8 +78,8 @@ def train(arms: tuple[Arm, ...], steps: int, say: Callable[[str], None],
     """Every arm x seed for `steps` steps (vmapped, in chunks of STEP_UNIT with progress lines): the final
     outcomes [arms x seeds] and the training values before each step [arms x seeds, steps]."""
     logits = starts()
-    settings = [tabular.members(tabular.setting(tabular.OBJECTIVES[a.objective], a.kl_coef, a.sim_learning_rate,
-                                                logits[a.start]))
+    settings = [tabular.members(tabular.setting(tabular.OBJECTIVES[a.objective], a.kl_coef,
+                                                a.sim_learning_rate, logits[a.start]))
                 for a in arms for _ in SEEDS]
     batch = jax.tree.map(lambda *x: jnp.stack(x), *settings)
     agents = jnp.stack([jnp.asarray(tabular.initial_agent(seed, SEED_NOISE)) for _ in arms for seed in SEEDS])

@@ -177,13 +177,14 @@ def scarce_arms(n: int, data_coef: float) -> tuple[Arm, ...]:
     (`data_coef` x the data NLL) from the fit and from the population."""
     regret = dict(objective="regret", data=n, data_coef=float(data_coef))
     return (Arm(f"fitted_n{n}", f"fitted simulator, N={n}", "frozen", start="fitted", data=n),
-            Arm(f"calibrated_n{n}", f"fitted, calibrated, N={n}", "frozen", start="fitted_calibrated", data=n),
+            Arm(f"calibrated_n{n}", f"fitted, calibrated, N={n}", "frozen", start="fitted_calibrated",
+                data=n),
             Arm(f"fitted_population_n{n}", f"fitted population (P=4), N={n}", "mixture",
                 start="fitted_population", data=n),
             Arm(f"regret_data_n{n}", f"regret + data {data_coef:g}, N={n}", "cotrain", start="fitted",
                 **regret),
-            Arm(f"population_regret_data_n{n}", f"population regret + data {data_coef:g}, N={n}", "population",
-                start="fitted_population", **regret))
+            Arm(f"population_regret_data_n{n}", f"population regret + data {data_coef:g}, N={n}",
+                "population", start="fitted_population", **regret))
 
 
 def collapse_personas(arms: list[Arm]) -> tuple[int, ...]:

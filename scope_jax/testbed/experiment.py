@@ -289,9 +289,11 @@ def fit(settings: Settings, pre: Pretrained, tab: Tabulator, graphdef, run_dir: 
     dialogues = user_data.draw(config)
     cache = run_dir.path / FITTED
     needed = {arm.start for arm in settings.arms if arm.data}
-    fits = tuple(sorted((needed - {"fitted_calibrated"}) | ({"fitted"} if "fitted_calibrated" in needed else set())))
+    calibrated = "fitted_calibrated" in needed  # made from "fitted"
+    fits = tuple(sorted((needed - {"fitted_calibrated"}) | ({"fitted"} if calibrated else set())))
     if cache.exists() and set(fits) <= set(cached := _restore(cache)):
-        params = {start: {int(n): p for n, p in cached[start].items() if int(n) in config.sizes} for start in fits}
+        params = {start: {int(n): p for n, p in cached[start].items() if int(n) in config.sizes}
+                  for start in fits}
         progress("fitted simulators loaded from the run directory")
     else:
         fitter = Fitter(graphdef, config.fit_learning_rate)
@@ -309,12 +311,13 @@ def fit(settings: Settings, pre: Pretrained, tab: Tabulator, graphdef, run_dir: 
                                                  settings.vs_samples)[0][:, None]
                                for n, p in params["vs_fitted"].items()}
     temperatures = {}
-    if "fitted_calibrated" in needed:
+    if calibrated:
         params["fitted_calibrated"], tables["fitted_calibrated"] = {}, {}
         for n, table in tables["fitted"].items():
-            temperatures[n] = np.array([user_data.calibrate(table[r, 0], splits[n].heldout) for r in range(R)])
-            params["fitted_calibrated"][n] = jax.tree.map(
-                lambda x: x[:, None], tempered(jax.tree.map(lambda x: x[:, 0], params["fitted"][n]), temperatures[n]))
+            temperatures[n] = np.array([user_data.calibrate(table[r, 0], splits[n].heldout)
+                                        for r in range(R)])
+            fit = jax.tree.map(lambda x: x[:, 0], params["fitted"][n])
+            params["fitted_calibrated"][n] = jax.tree.map(lambda x: x[:, None], tempered(fit, temperatures[n]))
             tables["fitted_calibrated"][n] = read(params["fitted_calibrated"][n])
     members = jax.tree.leaves(pre.collapsed)[0].shape[1]
     resamples = {n: user_data.resamples(splits[n].train, config, n, members) for n in config.sizes}
@@ -381,8 +384,8 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
     eval_curves = {k: np.array([[ev[k] for ev in row] for row in evals]) for k in evals[0][0]}
     if arm.data:
         heldout = fitted.splits[arm.data].heldout
-        eval_curves["data_nll"] = np.array([[np.mean([user_data.table_nll(q, heldout) for q in sim_tables[r, e]])
-                                             for e in range(len(steps))] for r in range(R)])
+        nll = lambda tables: np.mean([user_data.table_nll(q, heldout) for q in tables])  # over members
+        eval_curves["data_nll"] = np.array([[nll(sim_tables[r, e]) for e in range(len(steps))] for r in range(R)])
     return ArmResult(arm.label, step_curves, steps, eval_curves, time.perf_counter() - start)
 
 

@@ -132,10 +132,11 @@ def fit_to_data(fitter: Fitter, collapsed: Params, data: Dialogues, config: user
         part = user_data.split(data, n, config.heldout_fraction)
         heldout = user_data.token_batch(part.heldout)
         fit = lambda params, train, label: fitter.fit_replies(
-            params, user_data.token_batch(train), heldout, config.fit_steps, config.check_every, config.fit_batch,
-            config.seed + n, say, label)[0]
+            params, user_data.token_batch(train), heldout, config.fit_steps, config.check_every,
+            config.fit_batch, config.seed + n, say, label)[0]
         if "fitted" in starts:
-            out["fitted"][n] = stack([fit(member(0), part.train, f"fitting the collapsed simulator to {n} dialogues")])
+            out["fitted"][n] = stack([fit(member(0), part.train,
+                                          f"fitting the collapsed simulator to {n} dialogues")])
         if "vs_fitted" in starts:
             estimate = user_data.reply_estimate(part.train, config.smoothing)
             out["vs_fitted"][n] = stack([fitter.teach_verbalization(

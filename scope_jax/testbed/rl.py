@@ -23,9 +23,9 @@ the host.
 What differs between arms is data (`ArmInputs`), not code. Only the population size P, the simulators'
 KL and data weights (terms of the compiled loss, absent at 0), self-play and the best-response episodes
 (a batch shape; with the best response's refresh period) shape the compiled program, so the arms of
-one (P, KL, data weight, objective kind) share it. The simulators' optimizer runs at unit rate and the step moves them by
-`sim_learning_rate` times its update, exact for Adam without weight decay (its moments do not depend
-on the rate). At rate 0 (frozen arms) the parameters stay bitwise fixed; the train step still computes
+one (P, KL, data weight, objective kind) share it. The simulators' optimizer runs at unit rate and the
+step moves them by `sim_learning_rate` times its update, exact for Adam without weight decay (its
+moments do not depend on the rate). At rate 0 (frozen arms) the parameters stay bitwise fixed; the train step still computes
 their update, which costs one simulator backward pass per step and saves a compilation (tens of seconds
 on this CPU). In self-play one set of weights plays both roles: the rollout's simulator is the agent's
 parameters, the train step's `self_play` sums both roles' gradients into them, at the agent's rate.

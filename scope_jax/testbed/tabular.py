@@ -231,8 +231,8 @@ def outcome(state: State, s: Setting, base_logits: jax.Array,
     def member(logits, start):
         q = jax.nn.softmax(logits)
         w = turn_weights(policy, q)
-        return (gradients.policy_value(policy, q), jnp.sum(w * (1.0 - q.max(-1))), kl_to_start(w, logits, start),
-                regret(state.agent, logits))
+        return (gradients.policy_value(policy, q), jnp.sum(w * (1.0 - q.max(-1))),
+                kl_to_start(w, logits, start), regret(state.agent, logits))
 
     per_member = jax.vmap(member)(state.sim, s.sim_start)
     nll = (jnp.zeros(()) if heldout_counts is None
