@@ -46,8 +46,9 @@ MEMBERS = 4
 NLL_TOLERANCE = 0.10
 DATA_RULE = (f"the smallest weight whose regret + data simulator ends with a held-out-tenth NLL (mean over "
              f"seeds) within {NLL_TOLERANCE:.0%} of the fitted simulator's; the largest when none is")
-KINDS = {"fitted": "fitted", "calibrated": "fitted, calibrated", "population": f"fitted population (P={MEMBERS})",
-         "regret_data": "regret + data", "population_regret_data": "population regret + data"}
+KINDS = {"fitted": "fitted", "calibrated": "fitted, calibrated",
+         "population": f"fitted population (P={MEMBERS})", "regret_data": "regret + data",
+         "population_regret_data": "population regret + data"}
 METRICS = ("heldout_value", "train_value", "regret_train", "regret_users", "heldout_nll", "sim_deviation")
 REGRET = tabular.OBJECTIVES["regret"]
 FROZEN = tabular.OBJECTIVES["adversarial"]  # a rate of 0 ignores the objective
@@ -88,7 +89,8 @@ def logits(table: np.ndarray) -> np.ndarray:
     return np.log(table).astype(np.float32)
 
 
-def run_batch(runs: list[tuple[tabular.Setting, jax.Array, np.ndarray]], sims_train: bool) -> dict[str, np.ndarray]:
+def run_batch(runs: list[tuple[tabular.Setting, jax.Array, np.ndarray]],
+              sims_train: bool) -> dict[str, np.ndarray]:
     """runs: (members' settings, agent start, held-out counts), all with the same number of members.
     Every run for STEPS steps (one vmapped call); the outcomes [runs] per metric."""
     settings = jax.tree.map(lambda *x: jnp.stack(x), *(r[0] for r in runs))
@@ -134,9 +136,9 @@ def run(say: Callable[[str], None] = print) -> dict[str, Any]:
     agents = [jnp.asarray(tabular.initial_agent(s, SEED_NOISE)) for s in SEEDS]
     dialogues = [user_dialogues(s) for s in SEEDS]
     no_counts = np.zeros(tabular.SIM_SHAPE, np.float32)
-    controls = run_batch([(frozen(table[None]), agents[r], no_counts) for table in
-                          (personas.collapsed_simulator(), personas.base_simulator()) for r in range(len(SEEDS))],
-                         sims_train=False)
+    ends = (personas.collapsed_simulator(), personas.base_simulator())
+    controls = run_batch([(frozen(table[None]), agents[r], no_counts)
+                          for table in ends for r in range(len(SEEDS))], sims_train=False)
     per_control = {k: v.reshape(2, len(SEEDS)) for k, v in controls.items()}
     out: dict[str, Any] = {"controls": {name: {k: report._stat(per_control[k][i]) for k in METRICS}
                                         for i, name in enumerate(("frozen", "frozen_base"))}, "by_n": {}}
@@ -155,8 +157,8 @@ def run(say: Callable[[str], None] = print) -> dict[str, Any]:
         coef = choose_coef({c: m["heldout_nll"] for c, m in by_coef.items()}, fitted["heldout_nll"])
         population = run_batch([(frozen(d.samples), agents[r], d.heldout_counts) for r, d in enumerate(data)],
                                sims_train=False)
-        population_regret = run_batch([(regret_data(d.samples, d.resamples, coef), agents[r], d.heldout_counts)
-                                       for r, d in enumerate(data)], sims_train=True)
+        population_regret = run_batch([(regret_data(d.samples, d.resamples, coef), agents[r],
+                                        d.heldout_counts) for r, d in enumerate(data)], sims_train=True)
         arms = {"fitted": fitted, "calibrated": calibrated, "population": population,
                 "regret_data": by_coef[coef], "population_regret_data": population_regret}
         stats = lambda m: {k: report._stat(m[k]) for k in METRICS}
@@ -204,8 +206,8 @@ def sentences(summary: dict[str, Any]) -> list[str]:
     out = []
     for kind, label in KINDS.items():
         if kind == "fitted":
-            path = ", ".join(f"{summary['by_n'][str(n)]['arms']['fitted']['heldout_value']['mean']:.3f} at N = {n}"
-                             for n in sizes)
+            fitted = lambda n: summary["by_n"][str(n)]["arms"]["fitted"]["heldout_value"]
+            path = ", ".join(f"{fitted(n)['mean']:.3f} at N = {n}" for n in sizes)
             low, high = (summary["controls"][c]["heldout_value"]["mean"] for c in ("frozen", "frozen_base"))
             out.append(f"**fitted** (Dirichlet posterior mean): held-out value {path}, between the frozen "
                        f"collapsed simulator's {low:.3f} and the frozen base simulator's {high:.3f}.")
@@ -221,11 +223,12 @@ def markdown(summary: dict[str, Any]) -> str:
     coefs = ", ".join(f"{summary['by_n'][str(n)]['data_coef']:g} at N = {n}" for n in p["sizes"])
     return "\n".join([
         "# Scarce user data in the tabular game (exact gradients)", "",
-        f"Written by `python -m experiments.tabular_scarce` in {summary['wall_s']:.0f} s. {len(p['seeds'])} seeds "
-        f"(each its own user dialogues and a perturbation of the agent's start by {p['seed_noise']:g} x N(0, 1)); "
-        f"{p['steps']} steps of Adam, agent at {p['agent_learning_rate']:g}, trained simulators at "
-        f"{p['sim_learning_rate']:g}. Protocol: docs/results/README.md. Held-out value: the final agent's exact "
-        "value on the population; differences from fitted are paired by seed, with 95% t-intervals. Regret: "
+        f"Written by `python -m experiments.tabular_scarce` in {summary['wall_s']:.0f} s. "
+        f"{len(p['seeds'])} seeds (each its own user dialogues and a perturbation of the agent's start by "
+        f"{p['seed_noise']:g} x N(0, 1)); {p['steps']} steps of Adam, agent at {p['agent_learning_rate']:g}, "
+        f"trained simulators at {p['sim_learning_rate']:g}. Protocol: docs/results/README.md. Held-out "
+        "value: the final agent's exact value on the population; differences from fitted are paired by "
+        "seed, with 95% t-intervals. Regret: "
         "V(best response, q) - V(agent, q), against the training simulators (mean over members) and against "
         "the users (the base simulator).", "",
         f"Data weight rule: {p['data_rule']}; chosen: {coefs}.", "",

@@ -17,8 +17,9 @@ from scope_jax.testbed import data_report
 from scope_jax.testbed.experiment import Results
 from scope_jax.testbed.report import Section, _pair, _stat, _table, direction, fmt, signed
 
-KINDS = {"fitted": "fitted", "calibrated": "fitted, calibrated", "fitted_population": "fitted population (P=4)",
-         "regret_data": "regret + data", "population_regret_data": "population regret + data"}
+KINDS = {"fitted": "fitted", "calibrated": "fitted, calibrated",
+         "fitted_population": "fitted population (P=4)", "regret_data": "regret + data",
+         "population_regret_data": "population regret + data"}
 COLORS = {"fitted": "tab:green", "calibrated": "tab:olive", "fitted_population": "tab:blue",
           "regret_data": "tab:purple", "population_regret_data": "tab:orange"}
 METRICS = ("heldout_value", "data_nll", "regret_train", "regret_users", "train_value")
@@ -37,7 +38,8 @@ def curve(summary: dict[str, Any], sizes: list[int], data_coef: float) -> dict[s
     for n in sizes:
         names = {kind: f"{kind}_n{n}" for kind in KINDS}
         fitted = np.asarray(arms[names["fitted"]]["heldout_value"]["seeds"])
-        rows[str(n)] = {"arms": names, **{m: {k: arms[name][m] for k, name in names.items()} for m in METRICS},
+        rows[str(n)] = {"arms": names,
+                        **{m: {k: arms[name][m] for k, name in names.items()} for m in METRICS},
                         "vs_fitted": {k: _stat(np.asarray(arms[name]["heldout_value"]["seeds"]) - fitted)
                                       for k, name in names.items() if k != "fitted"},
                         "data_coef": data_coef}
@@ -55,8 +57,8 @@ def sentences(data: dict[str, Any]) -> list[str]:
         share = lambda stat: (stat["mean"] - low) / (high - low)
         path = ", ".join(f"{fmt(_pair(fitted[n]))} at N = {n} ({share(fitted[n]):.0%} of the gap)"
                          for n in data["sizes"])
-        lines.append(f"The fitted simulator's held-out value is {path}, between the frozen "
-                     f"collapsed simulator's {low:.3f} (N = 0) and the frozen base simulator's {high:.3f} (N = ∞).")
+        lines.append(f"The fitted simulator's held-out value is {path}, between the frozen collapsed "
+                     f"simulator's {low:.3f} (N = 0) and the frozen base simulator's {high:.3f} (N = ∞).")
     for kind, label in KINDS.items():
         if kind == "fitted":
             continue
@@ -76,18 +78,21 @@ def regret_table(data: dict[str, Any]) -> list[str]:
 
 def readme_lines(data: dict[str, Any]) -> list[str]:
     """The README's scarce-data verdicts (from scarce.json alone)."""
-    return [f"Scarce user data (`:scarce`, docs/results/scarce.md, {len(next(iter(data['controls'].values()))['seeds'])} "
-            "seeds, each arm against fitted at the same N, paired by seed, 95%):", "",
+    seeds = len(data["by_n"][str(data["sizes"][0])]["heldout_value"]["fitted"]["seeds"])
+    return [f"Scarce user data (`:scarce`, docs/results/scarce.md, {seeds} seeds, each arm against fitted "
+            "at the same N, paired by seed, 95%):", "",
             *[f"- {x}" for x in sentences(data)]]
 
 
 def markdown(data: dict[str, Any]) -> list[str]:
-    temperatures = "; ".join(f"N = {n}: {', '.join(f'{t:g}' for t in ts)}" for n, ts in data["temperatures"].items())
+    temperatures = "; ".join(f"N = {n}: {', '.join(f'{t:g}' for t in ts)}"
+                             for n, ts in data["temperatures"].items())
     return ["## Scarce user data: what beats the fitted simulator", "",
             "![scarce curve](figures/scarce_curve.png)", "",
-            f"Protocol (docs/results/README.md, stated before the run): data anchor weight {data['data_coef']:g}, "
-            "P = 4, the best response solved every `rl.best_response_every` steps; verdicts by the paired 95% "
-            "t-interval of the difference from fitted. Calibrated temperatures per seed: "
+            "Protocol (docs/results/README.md, stated before the run): data anchor weight "
+            f"{data['data_coef']:g}, P = 4, the best response solved every `rl.best_response_every` steps; "
+            "verdicts by the paired 95% t-interval of the difference from fitted. Calibrated temperatures "
+            "per seed: "
             f"{temperatures or '-'}.", "",
             *[f"- {x}" for x in sentences(data)], "",
             *data_report.table(data, KINDS), "",

@@ -32,7 +32,7 @@ def test_bootstrap_resamples_differ_by_member_and_seed_and_repeat_for_the_same_s
     n = len(part.train.strategies)
     for p, d in enumerate(members):
         assert len(d.strategies) == n and _rows(d) <= _rows(part.train)
-        assert len(_rows(d)) < len(_rows(part.train))  # drawn with replacement: some repeat, some are left out
+        assert len(_rows(d)) < len(_rows(part.train))  # with replacement: some repeat, some are left out
         for x, y in zip(d, again[p]):
             np.testing.assert_array_equal(x, y)
         assert not np.array_equal(d.replies, other[p].replies)
@@ -53,10 +53,12 @@ class RecordingFitter:
 def test_each_population_member_is_fitted_on_its_own_resample_from_its_own_collapsed_model(part):
     fitter = RecordingFitter()
     collapsed = {"w": np.arange(4.0)[None, :, None]}  # [R = 1, C = 4, 1]: model p holds p
-    out = fitting.fit_to_data(fitter, collapsed, user_data.draw(DATA), DATA, (fitting.POPULATION,), lambda m: None)
+    out = fitting.fit_to_data(fitter, collapsed, user_data.draw(DATA), DATA, (fitting.POPULATION,),
+                              lambda message: None)
     assert np.asarray(out[fitting.POPULATION][40]["w"]).shape == (1, 4, 1)
     full = user_data.token_batch(part.train).tokens
-    for p, ((start, tokens), resample) in enumerate(zip(fitter.calls, user_data.resamples(part.train, DATA, 40, 4))):
+    resamples = user_data.resamples(part.train, DATA, 40, 4)
+    for p, ((start, tokens), resample) in enumerate(zip(fitter.calls, resamples)):
         assert start.item() == p
         np.testing.assert_array_equal(tokens, user_data.token_batch(resample).tokens)
         assert not np.array_equal(tokens, full)
@@ -68,7 +70,8 @@ def test_a_population_members_data_anchor_is_its_own_resample(part):
     regret = {arm.start: arm for arm in arms.scarce_arms(40, 16.0) if arm.data_coef}
     population, single = regret["fitted_population"], regret["fitted"]
     anchor = experiment.anchor_data(population, fitted, 50)
-    assert anchor["data"].tokens.shape == (4, 50, lm.SEQ_LEN) and anchor["rows"] == [len(part.train.strategies)] * 4
+    assert anchor["data"].tokens.shape == (4, 50, lm.SEQ_LEN)
+    assert anchor["rows"] == [len(part.train.strategies)] * 4
     for p, d in enumerate(resamples):
         np.testing.assert_array_equal(anchor["data"].tokens[p], user_data.token_batch(d, 50).tokens)
     one = experiment.anchor_data(single, fitted, 50)
@@ -89,7 +92,8 @@ def test_the_regret_and_data_batch_holds_the_best_responses_episodes_and_each_me
     assert batch.sim_data is not None, "the regret program dropped the data anchor"
     anchor = program.anchor(inputs.data, jax.random.key(2))
     np.testing.assert_array_equal(np.asarray(batch.sim_data.tokens), np.asarray(anchor.tokens))
-    assert set(map(tuple, np.asarray(anchor.tokens)[0])) <= set(map(tuple, data.tokens[0, :len(part.train.strategies)]))
+    rows = len(part.train.strategies)
+    assert set(map(tuple, np.asarray(anchor.tokens)[0])) <= set(map(tuple, data.tokens[0, :rows]))
 
 
 def _softmax(x):
