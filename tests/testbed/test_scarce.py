@@ -1,17 +1,16 @@
 """The scarce-data arms' mechanisms (issue 33): bootstrap resamples, population members fitted on their
-own resamples, the data anchor in the regret loss (neural batch and tabular gradient), the calibrated
-temperature, and the objective tables of the dialogue loop and the testbed agreeing."""
+own resamples and anchored to them, the data anchor in the tabular regret gradient (the neural batch's:
+tests/testbed/test_regret.py), the calibrated temperature, the regret metric, and the objective tables
+of the dialogue loop and the testbed agreeing."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from scope_jax.envs import persona_lm as lm
 from scope_jax.envs import personas
 from scope_jax.simulators import modes
-from scope_jax.testbed import arms, evaluate, experiment, fitting, rl, tabular, user_data
-from tests.testbed.conftest import RL
+from scope_jax.testbed import arms, evaluate, experiment, fitting, tabular, user_data
 
 DATA = user_data.DataConfig(sizes=(40,))
 
@@ -76,24 +75,6 @@ def test_a_population_members_data_anchor_is_its_own_resample(part):
         np.testing.assert_array_equal(anchor["data"].tokens[p], user_data.token_batch(d, 50).tokens)
     one = experiment.anchor_data(single, fitted, 50)
     np.testing.assert_array_equal(one["data"].tokens[0], user_data.token_batch(part.train, 50).tokens)
-
-
-def test_the_regret_and_data_batch_holds_the_best_responses_episodes_and_each_members_anchor(
-        pretrained, graphdef, part):
-    program = rl.make_runner(graphdef, graphdef, RL, 1, RL.sim_kl_coef, data_coef=4.0, best_response=True)
-    sims = jax.tree.map(lambda x: x[0, :1], pretrained.collapsed)
-    agent = jax.tree.map(lambda x: x[0], pretrained.agent)
-    data = jax.tree.map(lambda x: x[None], user_data.token_batch(part.train, 50))
-    inputs = rl.arm_inputs(np.full(1, lm.NO_CARD), np.zeros((RL.steps, 1), np.int32), False, 5e-3,
-                           arms.OBJECTIVES["regret"].sign, data, [len(part.train.strategies)])
-    state = program.init(agent, sims, sims, jax.random.key(1))
-    batch = jax.jit(program.step_batch)(state, jax.random.key(2), 0, inputs)[1]
-    assert batch.sims.tokens.shape == (1, 2 * RL.episodes, lm.SEQ_LEN)  # the agent's and pi*'s episodes
-    assert batch.sim_data is not None, "the regret program dropped the data anchor"
-    anchor = program.anchor(inputs.data, jax.random.key(2))
-    np.testing.assert_array_equal(np.asarray(batch.sim_data.tokens), np.asarray(anchor.tokens))
-    rows = len(part.train.strategies)
-    assert set(map(tuple, np.asarray(anchor.tokens)[0])) <= set(map(tuple, data.tokens[0, :rows]))
 
 
 def _softmax(x):
