@@ -218,6 +218,14 @@ def sentences(summary: dict[str, Any]) -> list[str]:
     return out
 
 
+def readme_lines(summary: dict[str, Any]) -> list[str]:
+    """The README's tabular scarce-data verdicts (from tabular_scarce.json alone)."""
+    seeds = len(summary["protocol"]["seeds"])
+    return ["Its tabular counterpart (`python -m experiments.tabular_scarce`, docs/results/tabular_scarce.md, "
+            f"exact gradients, {seeds} seeds, each with its own user dialogues):", "",
+            *[f"- {x}" for x in sentences(summary)]]
+
+
 def markdown(summary: dict[str, Any]) -> str:
     p = summary["protocol"]
     coefs = ", ".join(f"{summary['by_n'][str(n)]['data_coef']:g} at N = {n}" for n in p["sizes"])
