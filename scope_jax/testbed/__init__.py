@@ -12,5 +12,6 @@ transformers (`scope_jax.envs.persona_lm`), end to end on a CPU.
                  the data curve's and the scarce-data study's sections of the report
   tabular.py     the tabular game co-trained with exact gradients (the tabular studies)
 
-Run it with `python -m experiments.run --config=experiments/configs/collapse.py[:quick|:all|:sweep|:data|:scarce]`.
+Run it with `python -m experiments.run --config=experiments/configs/collapse.py[:ARG]`, ARG one of
+quick, all, sweep, data, scarce (experiments/configs/collapse.py).
 """
