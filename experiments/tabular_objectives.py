@@ -194,16 +194,21 @@ def tabular_null_sentence(summary: dict[str, Any]) -> str:
             f"above is {largest / gap['mean']:.0%} of that gap.")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, required=True,
-                        help="folder for tabular.json and tabular.md")
+def command(doc: str, name: str, study: Callable[[], dict[str, Any]],
+            write_markdown: Callable[[dict[str, Any]], str]) -> None:
+    """A tabular study's command line: --out DIR, then DIR/NAME.json and DIR/NAME.md from `study()`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True, help=f"folder for {name}.json and {name}.md")
     out = parser.parse_args().out
     out.mkdir(parents=True, exist_ok=True)
-    summary = run()
-    (out / "tabular.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "tabular.md").write_text(markdown(summary))
-    print(f"wrote {out / 'tabular.json'} and {out / 'tabular.md'} in {summary['wall_s']:.0f} s")
+    summary = study()
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / f"{name}.md").write_text(write_markdown(summary))
+    print(f"wrote {out / f'{name}.json'} and {out / f'{name}.md'} in {summary['wall_s']:.0f} s")
+
+
+def main() -> None:
+    command(__doc__, "tabular", run, markdown)
 
 
 if __name__ == "__main__":

@@ -21,10 +21,7 @@ Every arm against fitted at the same N, paired by seed, 95% t-intervals.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import pathlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import tabular_objectives
 from scope_jax.envs import personas
 from scope_jax.testbed import report, tabular, user_data
 from scope_jax.testbed.progress import Ticker
@@ -244,15 +242,7 @@ def markdown(summary: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, required=True,
-                        help="folder for tabular_scarce.json and tabular_scarce.md")
-    out = parser.parse_args().out
-    out.mkdir(parents=True, exist_ok=True)
-    summary = run()
-    (out / "tabular_scarce.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "tabular_scarce.md").write_text(markdown(summary))
-    print(f"wrote {out / 'tabular_scarce.json'} and {out / 'tabular_scarce.md'} in {summary['wall_s']:.0f} s")
+    tabular_objectives.command(__doc__, "tabular_scarce", run, markdown)
 
 
 if __name__ == "__main__":
