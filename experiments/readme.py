@@ -3,7 +3,8 @@
 Each block of README.md between its two markers is replaced by its text:
 - testbed: the default run's table and findings (docs/results/summary.json), the verdicts on the
   objectives that do not see the users of the sweep (sweep.json) and of the tabular study
-  (tabular.json), and the data curve (data.json), each where committed;
+  (tabular.json), the data curve (data.json), and the scarce-data verdicts (scarce.json, and its tabular
+  counterpart tabular_scarce.json), each where committed;
 - p4g_proxy: the P4G human proxy's fidelity table (docs/results/p4g_proxy/fidelity.json).
 tests/test_readme.py fails when a block differs from its artifact.
 """
@@ -15,9 +16,9 @@ import json
 import pathlib
 from typing import Callable
 
-from experiments import tabular_objectives
+from experiments import tabular_objectives, tabular_scarce
 from experiments.jobs import p4g_proxy
-from scope_jax.testbed import data_report, report
+from scope_jax.testbed import data_report, report, scarce_report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -26,6 +27,8 @@ SUMMARY = RESULTS / "summary.json"
 SWEEP = RESULTS / "sweep.json"
 DATA = RESULTS / "data.json"
 TABULAR = RESULTS / "tabular.json"
+SCARCE = RESULTS / "scarce.json"
+TABULAR_SCARCE = RESULTS / "tabular_scarce.json"
 PROXY = RESULTS / "p4g_proxy" / "fidelity.json"
 
 
@@ -37,6 +40,10 @@ def testbed_text() -> str:
         block.append(f"- {tabular_objectives.tabular_null_sentence(json.loads(TABULAR.read_text()))}")
     if DATA.exists() and "data_curve" in (data := json.loads(DATA.read_text())):
         block += ["", *data_report.readme_lines(data["data_curve"])]
+    if SCARCE.exists():
+        block += ["", *scarce_report.readme_lines(json.loads(SCARCE.read_text())["scarce_curve"])]
+    if TABULAR_SCARCE.exists():
+        block += ["", *tabular_scarce.readme_lines(json.loads(TABULAR_SCARCE.read_text()))]
     return "\n".join(block)
 
 

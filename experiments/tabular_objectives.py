@@ -78,8 +78,8 @@ def train(arms: tuple[Arm, ...], steps: int, say: Callable[[str], None],
     """Every arm x seed for `steps` steps (vmapped, in chunks of STEP_UNIT with progress lines): the final
     outcomes [arms x seeds] and the training values before each step [arms x seeds, steps]."""
     logits = starts()
-    settings = [tabular.setting(tabular.OBJECTIVES[a.objective], a.kl_coef, a.sim_learning_rate,
-                                logits[a.start])
+    settings = [tabular.members(tabular.setting(tabular.OBJECTIVES[a.objective], a.kl_coef,
+                                                a.sim_learning_rate, logits[a.start]))
                 for a in arms for _ in SEEDS]
     batch = jax.tree.map(lambda *x: jnp.stack(x), *settings)
     agents = jnp.stack([jnp.asarray(tabular.initial_agent(seed, SEED_NOISE)) for _ in arms for seed in SEEDS])
@@ -194,16 +194,21 @@ def tabular_null_sentence(summary: dict[str, Any]) -> str:
             f"above is {largest / gap['mean']:.0%} of that gap.")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=pathlib.Path, required=True,
-                        help="folder for tabular.json and tabular.md")
+def command(doc: str, name: str, study: Callable[[], dict[str, Any]],
+            write_markdown: Callable[[dict[str, Any]], str]) -> None:
+    """A tabular study's command line: --out DIR, then DIR/NAME.json and DIR/NAME.md from `study()`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, required=True, help=f"folder for {name}.json and {name}.md")
     out = parser.parse_args().out
     out.mkdir(parents=True, exist_ok=True)
-    summary = run()
-    (out / "tabular.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "tabular.md").write_text(markdown(summary))
-    print(f"wrote {out / 'tabular.json'} and {out / 'tabular.md'} in {summary['wall_s']:.0f} s")
+    summary = study()
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / f"{name}.md").write_text(write_markdown(summary))
+    print(f"wrote {out / f'{name}.json'} and {out / f'{name}.md'} in {summary['wall_s']:.0f} s")
+
+
+def main() -> None:
+    command(__doc__, "tabular", run, markdown)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,11 @@ data     the data curve: at N = 30, 100, 300, 1000 user dialogues, the fitted si
          docs/results/README.md picks one per N), with the default's controls; like the sweep it
          pretrains the default's models, so it can resume from the default's (or the sweep's)
          pretraining and controls. Its budget is 20 minutes on the 2-core CPU.
+scarce   scarce user data (issue 33; protocol in docs/results/README.md): at N = 10, 30, 100 user
+         dialogues, fitted (the control), fitted calibrated, the fitted population (P = 4, played as a
+         mixture), regret + data from the fit and from the population (data anchor weight 16, the best
+         response solved every 10 steps), with the default's controls, on 10 seeds. Pretrains the
+         default's models. Its budget is 30 minutes on the 2-core CPU.
 quick    the end-to-end test's run (at most 2 minutes, mostly compilation): 1-layer models, small
          pretraining, 10 RL steps, 2 seeds, one held-out simulator, the arms of one compiled program
          (P = 1). It checks the plumbing, not the science.
@@ -52,6 +57,12 @@ def get_config(arg: str | None = None):
         config.arms = ("untrained", "frozen", "frozen_base")
         config.pretrain_for = collapse.DEFAULT_ARMS
         config.data.sizes = (30, 100, 300, 1000)
+    elif arg == "scarce":
+        config.seeds = tuple(range(10))
+        config.arms = ("untrained", "frozen", "frozen_base")
+        config.pretrain_for = collapse.DEFAULT_ARMS
+        config.scarce.sizes = (10, 30, 100)
+        config.rl.best_response_every = 10
     elif arg:
-        raise ValueError(f"unknown collapse config argument {arg!r} (known: quick, all, sweep, data)")
+        raise ValueError(f"unknown collapse config argument {arg!r} (known: quick, all, sweep, data, scarce)")
     return config

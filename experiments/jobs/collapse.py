@@ -14,7 +14,7 @@ import dataclasses
 import ml_collections
 
 from scope_jax.config import ConfigError
-from scope_jax.testbed import arms, data_report, experiment, report
+from scope_jax.testbed import arms, data_report, experiment, report, scarce_report
 from scope_jax.testbed.pretrain import PretrainConfig
 from scope_jax.testbed.rl import RLConfig
 from scope_jax.testbed.user_data import DataConfig
@@ -39,6 +39,9 @@ def default_config() -> ml_collections.ConfigDict:
     # User data: at every size N, the fitted, Verbalized Sampling fitted and data-anchored Co-Training arms
     # (one per weight in data_coefs); no sizes, no data arms.
     c.data = ml_collections.ConfigDict(dataclasses.asdict(DataConfig()) | {"sizes": ()})
+    # Scarce user data: at every size N, the arms of `arms.scarce_arms` (fitted, calibrated, the fitted
+    # population, regret + data from either) with the data anchor's weight data_coef; no sizes, no arms.
+    c.scarce = ml_collections.ConfigDict({"sizes": (), "data_coef": 16.0})
     c.pretrain = ml_collections.ConfigDict(dataclasses.asdict(PretrainConfig()))
     c.rl = ml_collections.ConfigDict(dataclasses.asdict(RLConfig()))
     return c
@@ -49,11 +52,13 @@ def arm_list(config: ml_collections.ConfigDict) -> tuple[arms.Arm, ...]:
     return tuple(arms.ARMS[a] for a in config.arms) + tuple(
         arms.sweep_arm(kl, lr, objective) for objective in sweep.objectives for kl in sweep.kl_coefs
         for lr in sweep.sim_learning_rates) + tuple(
-        arm for n in config.data.sizes for arm in arms.data_arms(n, tuple(config.data.data_coefs)))
+        arm for n in config.data.sizes for arm in arms.data_arms(n, tuple(config.data.data_coefs))) + tuple(
+        arm for n in config.scarce.sizes for arm in arms.scarce_arms(n, config.scarce.data_coef))
 
 
 def data_config(config: ml_collections.ConfigDict) -> DataConfig | None:
     d = config.data.to_dict()
+    d["sizes"] = tuple(sorted(set(d["sizes"]) | set(config.scarce.sizes)))
     if not d["sizes"]:
         return None
     return DataConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
@@ -82,6 +87,10 @@ def check(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("config keys 'sweep.kl_coefs' and 'sweep.sim_learning_rates' must be >= 0")
     if any(n < 10 for n in config.data.sizes) or any(c <= 0 for c in config.data.data_coefs):
         raise ConfigError("config keys 'data.sizes' must be >= 10 dialogues and 'data.data_coefs' > 0")
+    if any(n < 10 for n in config.scarce.sizes) or config.scarce.data_coef <= 0:
+        raise ConfigError("config keys 'scarce.sizes' must be >= 10 dialogues and 'scarce.data_coef' > 0")
+    if config.rl.best_response_every < 1:
+        raise ConfigError("config key 'rl.best_response_every' must be at least 1")
     if config.data.sizes and not config.data.data_coefs:
         raise ConfigError("config key 'data.data_coefs' needs at least one weight when 'data.sizes' is set")
     if config.rl.steps % config.rl.eval_every:
@@ -104,4 +113,4 @@ def check(config: ml_collections.ConfigDict) -> None:
 
 def run(config: ml_collections.ConfigDict, run_dir: RunDir) -> None:
     results = experiment.run(settings(config), run_dir)
-    report.write(results, run_dir, [data_report.SECTION])
+    report.write(results, run_dir, [data_report.SECTION, scarce_report.SECTION])

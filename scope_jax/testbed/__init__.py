@@ -8,6 +8,10 @@ transformers (`scope_jax.envs.persona_lm`), end to end on a CPU.
   evaluate.py    exact metrics of a tabulated agent (value, success, deviation, variance split, entropies)
   experiment.py  pretrain -> tabulate -> every arm on the same seeds -> exact evaluation of snapshots
   report.py      figures, summary.md, summary.json (95% t-intervals, paired deltas over the frozen arm)
+  user_data.py, fitting.py, data_report.py, scarce_report.py   user data, simulators fitted to them, and
+                 the data curve's and the scarce-data study's sections of the report
+  tabular.py     the tabular game co-trained with exact gradients (the tabular studies)
 
-Run it with `python -m experiments.run --config=experiments/configs/collapse.py[:quick|:all]`.
+Run it with `python -m experiments.run --config=experiments/configs/collapse.py[:ARG]`, ARG one of
+quick, all, sweep, data, scarce (experiments/configs/collapse.py).
 """

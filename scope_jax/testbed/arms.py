@@ -17,8 +17,11 @@ loop:
 
 An *arm* is a mode plus where its simulators start and what they are anchored to, and, for the data
 arms, how many user dialogues (`testbed.user_data`) their simulators see: fitted to them before RL
-(start "fitted", or "vs_fitted" for Verbalized Sampling taught their reply frequencies), or as a data
-anchor of Co-Training (`data_coef` x the NLL of their replies in the simulator's loss). Every arm starts from
+(start "fitted"; "fitted_calibrated", the fit at the softmax temperature chosen on the held-out
+dialogues; "fitted_population", four fits on bootstrap resamples, each from a different collapsed
+model; or "vs_fitted" for Verbalized Sampling taught their reply frequencies), or as a data anchor of
+Co-Training (`data_coef` x the NLL of their replies in the simulator's loss; a population member's on
+its own resample). Every arm starts from
 the same pretrained agent (self-play: the joint model's agent role) and runs the same RL
 (`rl.make_runner`); apart from the population size P and self-play, they differ in data only.
 """
@@ -51,8 +54,10 @@ MODES: dict[str, Mode] = {
 }
 # Where the simulators start: their pretrained models, and how many members that makes.
 STARTS = {"collapsed": 1, "base": 1, "collapsed_modes": len(personas.PERSONAS),
-          "persona_modes": len(personas.PERSONAS), "selfplay": 1, "fitted": 1, "vs_fitted": 1}
-FITTED_STARTS = ("fitted", "vs_fitted")  # made from the collapsed simulator and `Arm.data` dialogues
+          "persona_modes": len(personas.PERSONAS), "selfplay": 1, "fitted": 1, "vs_fitted": 1,
+          "fitted_calibrated": 1, "fitted_population": len(personas.PERSONAS)}
+# made from the collapsed simulator(s) and `Arm.data` dialogues
+FITTED_STARTS = ("fitted", "vs_fitted", "fitted_calibrated", "fitted_population")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +113,8 @@ class Arm:
                              "vs_fitted")
         if (self.start in FITTED_STARTS or self.data_coef > 0) != (self.data > 0):
             raise ValueError(f"arm {self.name}: data dialogues go with a fitted start or a data anchor")
-        if self.data_coef > 0 and self.mode != "cotrain":
-            raise ValueError(f"arm {self.name}: the data anchor is Co-Training's")
+        if self.data_coef > 0 and self.mode not in ("cotrain", "population"):
+            raise ValueError(f"arm {self.name}: the data anchor is (Population) Co-Training's")
         trains_own_sims = self.trains and self.spec.trains_sims and not self.spec.self_play
         if OBJECTIVES[self.objective].best_response and not trains_own_sims:
             raise ValueError(f"arm {self.name}: the regret objective needs simulators that train "
@@ -166,10 +171,26 @@ def data_arms(n: int, data_coefs: tuple[float, ...]) -> tuple[Arm, ...]:
                   data=n, data_coef=float(c)) for c in data_coefs))
 
 
+def scarce_arms(n: int, data_coef: float) -> tuple[Arm, ...]:
+    """The arms of the scarce-data study at n user dialogues (docs/results/README.md): fitted (the
+    control), fitted calibrated, the fitted population (P = 4, played as `mixture`), and regret + data
+    (`data_coef` x the data NLL) from the fit and from the population."""
+    regret = dict(objective="regret", data=n, data_coef=float(data_coef))
+    return (Arm(f"fitted_n{n}", f"fitted simulator, N={n}", "frozen", start="fitted", data=n),
+            Arm(f"calibrated_n{n}", f"fitted, calibrated, N={n}", "frozen", start="fitted_calibrated",
+                data=n),
+            Arm(f"fitted_population_n{n}", f"fitted population (P=4), N={n}", "mixture",
+                start="fitted_population", data=n),
+            Arm(f"regret_data_n{n}", f"regret + data {data_coef:g}, N={n}", "cotrain", start="fitted",
+                **regret),
+            Arm(f"population_regret_data_n{n}", f"population regret + data {data_coef:g}, N={n}",
+                "population", start="fitted_population", **regret))
+
+
 def collapse_personas(arms: list[Arm]) -> tuple[int, ...]:
     """The personas the alignment-like step collapses onto: the emotional one (the collapsed simulator),
-    and all four when an arm starts from the collapsed modes."""
-    if any(arm.start == "collapsed_modes" for arm in arms):
+    and all four when an arm starts from the collapsed modes (or is fitted from them)."""
+    if any(arm.start in ("collapsed_modes", "fitted_population") for arm in arms):
         return tuple(range(len(personas.PERSONAS)))
     return (personas.EMOTIONAL,)
 
@@ -192,18 +213,19 @@ def voices(arm: Arm, steps: int, rotation_block: int) -> np.ndarray:
 
 def simulators(arm: Arm, pre: Pretrained, fitted: dict | None = None) -> tuple:
     """(initial simulators [R, P], KL references [R, P]) of an arm, as parameter trees. fitted:
-    {start: {N: params [R]}} for the starts in FITTED_STARTS (`testbed.fitting.fit_to_data`)."""
+    {start: {N: params [R, P]}} for the starts in FITTED_STARTS (`testbed.fitting.fit_to_data`)."""
     members = lambda tree: jax.tree.map(lambda x: jnp.repeat(x[:, None], arm.members, axis=1), tree)
     base = members(pre.base)
-    start = {
-        "collapsed": lambda: jax.tree.map(lambda x: x[:, :1], pre.collapsed),  # collapse persona 0: emotional
-        "base": lambda: base,
-        "collapsed_modes": lambda: pre.collapsed,
-        "persona_modes": lambda: base,
-        "selfplay": lambda: members(pre.selfplay),
-        "fitted": lambda: members(fitted["fitted"][arm.data]),
-        "vs_fitted": lambda: members(fitted["vs_fitted"][arm.data]),
-    }[arm.start]()
+    if arm.start in FITTED_STARTS:
+        start = fitted[arm.start][arm.data]
+    else:
+        start = {
+            "collapsed": lambda: jax.tree.map(lambda x: x[:, :1], pre.collapsed),  # persona 0: emotional
+            "base": lambda: base,
+            "collapsed_modes": lambda: pre.collapsed,
+            "persona_modes": lambda: base,
+            "selfplay": lambda: members(pre.selfplay),
+        }[arm.start]()
     if jax.tree.leaves(start)[0].shape[1] != arm.members:
         raise ValueError(f"arm {arm.name} needs {arm.members} pretrained simulators per seed")
     return start, (start if arm.anchor == "start" else base)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from scope_jax.testbed.arms import FITTED_STARTS
+from scope_jax.testbed.arms import Arm
 from scope_jax.testbed.experiment import Results
 from scope_jax.testbed.report import Section, _pair, _stat, _table, direction, fmt, plt, signed
 
@@ -55,7 +55,9 @@ def curve(summary: dict[str, Any], points: dict[str, dict], tolerance: float) ->
             "points": points, "by_n": rows, "controls": controls}
 
 
-def figure(data: dict[str, Any], labels: dict[str, str]):
+def figure(data: dict[str, Any], labels: dict[str, str], kinds: dict[str, str] = KINDS,
+           colors: dict[str, str] = COLORS):
+    """Held-out value against N: each kind of `kinds` with its 95% intervals, between the controls."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     sizes = np.asarray(data["sizes"], float)
     for (name, style), color in zip((("frozen", "--"), ("frozen_base", "-.")), ("tab:red", "k")):
@@ -64,11 +66,11 @@ def figure(data: dict[str, Any], labels: dict[str, str]):
             end = "0" if name == "frozen" else "∞"
             ax.axhline(mean, color=color, ls=style, lw=1.2, label=f"{labels[name]} (N = {end})")
             ax.axhspan(mean - hw, mean + hw, color=color, alpha=0.08, lw=0)
-    for i, (kind, label) in enumerate(KINDS.items()):
+    for i, (kind, label) in enumerate(kinds.items()):
         stats = [data["by_n"][str(n)]["heldout_value"][kind] for n in data["sizes"]]
         means, hws = np.array([s["mean"] for s in stats]), np.array([s["ci95"] for s in stats])
-        x = sizes * (1.0 + 0.04 * (i - 1))  # side by side on the log axis
-        ax.errorbar(x, means, yerr=hws, color=COLORS[kind], marker="o", capsize=3, lw=1.4, label=label)
+        x = sizes * (1.0 + 0.04 * (i - (len(kinds) - 1) / 2))  # side by side on the log axis
+        ax.errorbar(x, means, yerr=hws, color=colors[kind], marker="o", capsize=3, lw=1.4, label=label)
     ax.set_xscale("log")
     ax.minorticks_off()
     ax.set_xticks(sizes, [f"{n:d}" for n in data["sizes"]])
@@ -80,13 +82,13 @@ def figure(data: dict[str, Any], labels: dict[str, str]):
     return fig
 
 
-def table(data: dict[str, Any]) -> list[str]:
+def table(data: dict[str, Any], kinds: dict[str, str] = KINDS) -> list[str]:
     """Per (N, arm): held-out value, its difference from fitted at the same N (paired), held-out NLL."""
     rows = []
     for n in data["sizes"]:
         row = data["by_n"][str(n)]
-        for kind, label in KINDS.items():
-            name = label + (f" (weight {row['data_coef']:g})" if kind == "cotrain_data" else "")
+        for kind, label in kinds.items():
+            name = label + (f" (weight {row['data_coef']:g})" if kind.endswith("_data") else "")
             delta = fmt(_pair(row["vs_fitted"][kind])) if kind in row["vs_fitted"] else "-"
             rows.append([str(n), name, fmt(_pair(row["heldout_value"][kind])), delta,
                          fmt(_pair(row["data_nll"][kind]))])
@@ -130,11 +132,18 @@ def markdown(data: dict[str, Any]) -> list[str]:
             *[f"- {x}" for x in sentences(data)], "", *table(data), ""]
 
 
+def _kind(arm: Arm) -> str | None:
+    """An arm's kind on the data curve (None: not one of its arms, e.g. the scarce-data study's)."""
+    if arm.mode == "cotrain" and arm.start == "collapsed" and arm.objective == "adversarial":
+        return "cotrain_data"
+    return arm.start if arm.start in ("fitted", "vs_fitted") and not arm.spec.trains_sims else None
+
+
 def summarize(results: Results, summary: dict[str, Any]) -> dict[str, Any] | None:
     """The curve of a run with data arms (None without)."""
-    points = {arm.name: {"kind": arm.start if arm.start in FITTED_STARTS else "cotrain_data", "n": arm.data,
-                         "data_coef": arm.data_coef}
-              for arm in results.settings.arms if arm.data}
+    sizes = {arm.data for arm in results.settings.arms if arm.start == "vs_fitted"}
+    points = {arm.name: {"kind": kind, "n": arm.data, "data_coef": arm.data_coef}
+              for arm in results.settings.arms if arm.data in sizes and (kind := _kind(arm))}
     if not points:
         return None
     return curve(summary, points, results.settings.data.nll_tolerance)

@@ -15,6 +15,9 @@ and a transformer simulator at the 25,510 (state, strategy) contexts (`persona_l
   and Var(r) = agent side + simulator side; the simulator-side share is their ratio.
 * KL to start: on-policy mean of KL(q(. | i, s) || q_start(. | i, s)) over the simulator's turns when
   the agent talks to q, how far a trained simulator moved from where it started (0 for frozen ones).
+* regret: V(pi*_q, q) - V(agent, q), pi*_q the exact best response to q, against each training
+  simulator (mean over members) and against the population of users: how far the agent is from the
+  best it could do against what it trains on, and against the users.
 * entropy of the agent's act distribution, averaged over decision states weighted by how often the
   training simulator's dialogues reach them ("on-simulator"), and weighted by the population's excess
   reach max(reach_population - reach_simulator, 0): the states real users bring the agent to but the
@@ -90,6 +93,11 @@ def kl_to_start(policy: np.ndarray, sim: np.ndarray, start: np.ndarray) -> float
     return _weighted(kl.reshape(-1), weight.reshape(-1))
 
 
+def regret(policy: np.ndarray, sim: np.ndarray) -> float:
+    """V(pi*, sim) - V(policy, sim), pi* the exact best response to sim."""
+    return personas.best_response(sim).value - personas.policy_value(policy, sim)
+
+
 def exact_metrics(policy: np.ndarray, train_sims: Sequence[np.ndarray], population: np.ndarray,
                   heldout_sims: Sequence[np.ndarray], start_sims: Sequence[np.ndarray]) -> dict[str, float]:
     """Every exact metric of one agent policy [N_STATES, N_AGENT].
@@ -109,6 +117,8 @@ def exact_metrics(policy: np.ndarray, train_sims: Sequence[np.ndarray], populati
         "heldout_donation": 2.0 * value,
         "heldout_success": success_probability(policy, population, reach_pop),
         "heldout_sims_value": float(np.mean(heldout)),
+        "regret_train": float(np.mean([regret(policy, q) for q in train_sims])),
+        "regret_users": regret(policy, population),
         "train_value": float(np.mean([personas.policy_value(policy, q) for q in train_sims])),
         "sim_deviation": float(np.mean([personas.simulator_deviation(policy, q) for q in train_sims])),
         "sim_kl_to_start": float(np.mean([kl_to_start(policy, q, q0)

@@ -41,7 +41,7 @@ from scope_jax.models import decoder
 from scope_jax.testbed import arms as arms_lib
 from scope_jax.testbed import evaluate, user_data
 from scope_jax.testbed.arms import FITTED_STARTS, Arm
-from scope_jax.testbed.fitting import Fitter, fit_to_data
+from scope_jax.testbed.fitting import POPULATION, Fitter, fit_to_data, tempered
 from scope_jax.testbed.gradients import POLICY_TABLE, GradientPanel
 from scope_jax.testbed.pretrain import Pretrained, PretrainConfig, model_config, pretrain
 from scope_jax.testbed.progress import Ticker
@@ -269,45 +269,65 @@ def pretraining_diagnostics(tables: Tables, population: np.ndarray,
 
 
 class Fitted(NamedTuple):
-    """The simulators fitted to user data, per start in FITTED_STARTS and size N: params [R] and what
-    they answer with [R, N_STATES, S, U] (Verbalized Sampling: its estimate, as `Tables.verbalized`),
-    and each size's split of the dialogues."""
+    """The simulators fitted to user data, per start in FITTED_STARTS and size N: params [R, P] and what
+    they answer with [R, P, N_STATES, S, U] (Verbalized Sampling: its estimate, as `Tables.verbalized`),
+    each size's split of the dialogues, the population members' resamples of its fitted part, and the
+    calibrated arms' temperatures [R]."""
 
     params: dict[str, dict[int, Any]]
     tables: dict[str, dict[int, np.ndarray]]
     splits: dict[int, user_data.Split]
+    resamples: dict[int, list[user_data.Dialogues]]
+    temperatures: dict[int, np.ndarray]
 
 
 def fit(settings: Settings, pre: Pretrained, tab: Tabulator, graphdef, run_dir: RunDir,
         progress: Callable[[str], None]) -> Fitted:
-    """Draw the user data, fit the collapsed simulators to it (or load the fits), read them out."""
+    """Draw the user data, fit the collapsed simulators to it (or load the fits), read them out, and
+    calibrate the fit's temperature on the held-out dialogues where an arm needs it."""
     config = settings.data
     dialogues = user_data.draw(config)
     cache = run_dir.path / FITTED
-    collapsed = jax.tree.map(lambda x: x[:, 0], pre.collapsed)
-    if cache.exists():
-        params = {start: {int(n): p for n, p in fits.items() if int(n) in config.sizes}
-                  for start, fits in _restore(cache).items()}
+    needed = {arm.start for arm in settings.arms if arm.data}
+    calibrated = "fitted_calibrated" in needed  # made from "fitted"
+    fits = tuple(sorted((needed - {"fitted_calibrated"}) | ({"fitted"} if calibrated else set())))
+    if cache.exists() and set(fits) <= set(cached := _restore(cache)):
+        params = {start: {int(n): p for n, p in cached[start].items() if int(n) in config.sizes}
+                  for start in fits}
         progress("fitted simulators loaded from the run directory")
     else:
         fitter = Fitter(graphdef, config.fit_learning_rate)
-        params = fit_to_data(fitter, collapsed, dialogues, config, progress)
+        params = fit_to_data(fitter, pre.collapsed, dialogues, config, fits, progress)
         if run_dir.primary:
-            _save(cache, {start: {str(n): p for n, p in fits.items()} for start, fits in params.items()})
+            _save(cache, {start: {str(n): p for n, p in by_n.items()} for start, by_n in params.items()})
     R = len(settings.seeds)
     keys = [jax.random.fold_in(jax.random.key(8191), s) for s in settings.seeds]  # as `tabulate`'s
-    progress("reading out the fitted simulators")
-    tables = {"fitted": {n: tab.sims(p, np.full(R, lm.NO_CARD)) for n, p in params["fitted"].items()},
-              "vs_fitted": {n: tab.verbalized(p, lm.NO_CARD, keys, settings.vs_samples)[0]
-                            for n, p in params["vs_fitted"].items()}}
     splits = {n: user_data.split(dialogues, n, config.heldout_fraction) for n in config.sizes}
-    return Fitted(params, tables, splits)
+    progress("reading out the fitted simulators")
+    read = lambda p: tab.sims(p, np.full(jax.tree.leaves(p)[0].shape[:2], lm.NO_CARD))
+    tables = {start: {n: read(p) for n, p in params[start].items()} for start in fits if start != "vs_fitted"}
+    if "vs_fitted" in fits:
+        tables["vs_fitted"] = {n: tab.verbalized(jax.tree.map(lambda x: x[:, 0], p), lm.NO_CARD, keys,
+                                                 settings.vs_samples)[0][:, None]
+                               for n, p in params["vs_fitted"].items()}
+    temperatures = {}
+    if calibrated:
+        params["fitted_calibrated"], tables["fitted_calibrated"] = {}, {}
+        for n, table in tables["fitted"].items():
+            temperatures[n] = np.array([user_data.calibrate(table[r, 0], splits[n].heldout)
+                                        for r in range(R)])
+            fit = jax.tree.map(lambda x: x[:, 0], params["fitted"][n])
+            params["fitted_calibrated"][n] = jax.tree.map(lambda x: x[:, None], tempered(fit, temperatures[n]))
+            tables["fitted_calibrated"][n] = read(params["fitted_calibrated"][n])
+    members = jax.tree.leaves(pre.collapsed)[0].shape[1]
+    resamples = {n: user_data.resamples(splits[n].train, config, n, members) for n in config.sizes}
+    return Fitted(params, tables, splits, resamples, temperatures)
 
 
 def start_tables(arm: Arm, tables: Tables, fitted: Fitted | None = None) -> np.ndarray:
     """[R, P, N_STATES, S, U]: the distributions an arm's simulators answer with before RL."""
     if arm.start in FITTED_STARTS:
-        return fitted.tables[arm.start][arm.data][:, None]
+        return fitted.tables[arm.start][arm.data]
     if arm.trains and arm.spec.verbalized:
         return tables.verbalized[:, None]
     return {"collapsed": lambda: tables.collapsed[:, :1], "base": lambda: tables.base[:, None],
@@ -339,9 +359,7 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
                               objective.best_response)
         anchor = {}
         if arm.data_coef:
-            train = fitted.splits[arm.data].train
-            anchor = dict(data=user_data.token_batch(train, settings.data.max_dialogues),
-                          rows=len(train.strategies))
+            anchor = anchor_data(arm, fitted, settings.data.max_dialogues)
         inputs = arm_inputs(cards, arms_lib.voices(arm, rl.steps, rl.rotation_block), arm.spec.verbalized,
                             lr if arm.spec.trains_sims else 0.0, objective.sign, **anchor)
         _, logs, snaps = COMPILED(program.run, agent0, sims, refs, inputs, keys)
@@ -366,9 +384,18 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
     eval_curves = {k: np.array([[ev[k] for ev in row] for row in evals]) for k in evals[0][0]}
     if arm.data:
         heldout = fitted.splits[arm.data].heldout
-        eval_curves["data_nll"] = np.array([[user_data.table_nll(sim_tables[r, e, 0], heldout)
-                                             for e in range(len(steps))] for r in range(R)])
+        nll = lambda tables: np.mean([user_data.table_nll(q, heldout) for q in tables])  # over members
+        eval_curves["data_nll"] = np.array([[nll(sim_tables[r, e]) for e in range(len(steps))] for r in range(R)])
     return ArmResult(arm.label, step_curves, steps, eval_curves, time.perf_counter() - start)
+
+
+def anchor_data(arm: Arm, fitted: Fitted, rows: int) -> dict[str, Any]:
+    """`rl.arm_inputs`'s data anchor of an arm: each member's dialogues [P, rows, L] (a population
+    member's own resample of the fitted part, else the fitted part) and how many rows hold them [P]."""
+    train = fitted.splits[arm.data].train
+    own = fitted.resamples[arm.data] if arm.start == POPULATION else [train] * arm.members
+    batches = [user_data.token_batch(d, rows) for d in own]
+    return dict(data=jax.tree.map(lambda *x: np.stack(x), *batches), rows=[len(d.strategies) for d in own])
 
 
 def program_key(arm: Arm, rl: RLConfig) -> tuple | None:
@@ -494,6 +521,8 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
         t0 = time.perf_counter()
         fitted = fit(settings, pre, Tabulator(graphdef, settings.workers, progress), graphdef, run_dir, progress)
         seconds["fit"] = time.perf_counter() - t0
+        if fitted.temperatures:
+            diag["calibrated_temperatures"] = {str(n): t.tolist() for n, t in fitted.temperatures.items()}
 
     store = ArmStore(run_dir)
     finished = {name: result for name in names if (result := store.load(name)) is not None}

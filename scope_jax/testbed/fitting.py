@@ -11,6 +11,9 @@ seeds), so each seed's fit is its own.
 * `teach_verbalization`: the collapsed simulator taught to state a reply table (Verbalized Sampling's
   instruction following, as in pretraining), on histories of uniformly random strategies and replies,
   so no state's prompt depends on the population.
+* a population: member p of the collapsed models fitted by `fit_replies` on its own bootstrap resample
+  (`user_data.resamples`).
+* `tempered`: a model whose every logit is divided by a temperature.
 """
 
 from __future__ import annotations
@@ -101,19 +104,47 @@ class Fitter:
         return state.params["sims"]
 
 
+def tempered(params: Params, temperature: np.ndarray) -> Params:
+    """params [R] with every logit divided by temperature [R]: the final RMSNorm's weight divided by it
+    (the testbed's decoders tie the output head to the embedding, so the norm's output feeds the logits
+    and nothing else)."""
+    t = jnp.asarray(temperature, params["norm"]["weight"].dtype)
+    return {**params, "norm": {**params["norm"], "weight": params["norm"]["weight"] / t[:, None]}}
+
+
+POPULATION = "fitted_population"
+FITS = ("fitted", "vs_fitted", POPULATION)  # what `fit_to_data` makes
+
+
 def fit_to_data(fitter: Fitter, collapsed: Params, data: Dialogues, config: user_data.DataConfig,
+                starts: tuple[str, ...] = ("fitted", "vs_fitted"),
                 say: Callable[[str], None] = print) -> dict[str, dict[int, Params]]:
-    """For every N of `config.sizes`: {"fitted": {N: params [R]}, "vs_fitted": {N: params [R]}} from the
-    collapsed simulators [R]."""
-    out: dict[str, dict[int, Params]] = {"fitted": {}, "vs_fitted": {}}
+    """For every N of `config.sizes` and start of `starts` (of FITS): {start: {N: params [R, P]}} from
+    the collapsed simulators [R, C] (C = 0: the emotional one, the start of "fitted" and "vs_fitted";
+    member p of the population starts from model p)."""
+    unknown = set(starts) - set(FITS)
+    if unknown:
+        raise ValueError(f"fit_to_data makes {FITS}, not {sorted(unknown)}")
+    out: dict[str, dict[int, Params]] = {start: {} for start in starts}
+    member = lambda p: jax.tree.map(lambda x: x[:, p], collapsed)
+    stack = lambda trees: jax.tree.map(lambda *x: jnp.stack(x, axis=1), *trees)
     for n in config.sizes:
         part = user_data.split(data, n, config.heldout_fraction)
-        out["fitted"][n], _ = fitter.fit_replies(
-            collapsed, user_data.token_batch(part.train), user_data.token_batch(part.heldout), config.fit_steps,
-            config.check_every, config.fit_batch, config.seed + n, say,
-            f"fitting the collapsed simulator to {n} dialogues")
-        estimate = user_data.reply_estimate(part.train, config.smoothing)
-        out["vs_fitted"][n] = fitter.teach_verbalization(
-            collapsed, estimate, config.vs_steps, config.vs_batch, config.seed + n, say,
-            f"teaching Verbalized Sampling the reply frequencies of {n} dialogues")
+        heldout = user_data.token_batch(part.heldout)
+        fit = lambda params, train, label: fitter.fit_replies(
+            params, user_data.token_batch(train), heldout, config.fit_steps, config.check_every,
+            config.fit_batch, config.seed + n, say, label)[0]
+        if "fitted" in starts:
+            out["fitted"][n] = stack([fit(member(0), part.train,
+                                          f"fitting the collapsed simulator to {n} dialogues")])
+        if "vs_fitted" in starts:
+            estimate = user_data.reply_estimate(part.train, config.smoothing)
+            out["vs_fitted"][n] = stack([fitter.teach_verbalization(
+                member(0), estimate, config.vs_steps, config.vs_batch, config.seed + n, say,
+                f"teaching Verbalized Sampling the reply frequencies of {n} dialogues")])
+        if POPULATION in starts:
+            members = jax.tree.leaves(collapsed)[0].shape[1]
+            out[POPULATION][n] = stack([
+                fit(member(p), resample, f"fitting population member {p} to a resample of {n} dialogues")
+                for p, resample in enumerate(user_data.resamples(part.train, config, n, members))])
     return out

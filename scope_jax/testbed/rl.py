@@ -11,18 +11,21 @@ batch is [P, 2M, L]: the agent's episodes with advantages of sim_sign x R, then 
 played by the exact best response to its current reply table (`persona_lm.sim_reply_table`, solved by
 `persona_lm.best_response`) against it, with advantages of +R (GRPO within their own groups), drawn
 from a stream of the step's key that the agent's rollout does not use (`persona_lm.play` with a table
-agent). With a data anchor (`data_coef` > 0) the simulators' loss also has `data_coef` x the NLL of
-their replies in user dialogues (`Batch.sim_data`): each step draws M of the data's rows
-(`ArmInputs.data`), with replacement, from a stream of the step's key that the rollout does not use.
+agent). The best response is solved every `RLConfig.best_response_every` steps and held fixed in
+between (its episodes are played against the current simulators every step). With a data anchor
+(`data_coef` > 0) the simulators' loss also has `data_coef` x the NLL of their replies in user
+dialogues (`Batch.sim_data`): each step draws M rows of member p's dialogues (`ArmInputs.data`, its
+own, e.g. a bootstrap resample), with replacement, from a stream of the step's key that the rollout
+does not use.
 Every `eval_every` steps the agent's and the simulators' parameters are emitted for exact evaluation on
 the host.
 
 What differs between arms is data (`ArmInputs`), not code. Only the population size P, the simulators'
 KL and data weights (terms of the compiled loss, absent at 0), self-play and the best-response episodes
-(a batch shape) shape the compiled program, so the arms of one (P, KL, data weight, objective kind) share
-it. The simulators' optimizer runs at unit rate and the step moves them by
-`sim_learning_rate` times its update, exact for Adam without weight decay (its moments do not depend
-on the rate). At rate 0 (frozen arms) the parameters stay bitwise fixed; the train step still computes
+(a batch shape; with the best response's refresh period) shape the compiled program, so the arms of
+one (P, KL, data weight, objective kind) share it. The simulators' optimizer runs at unit rate and the
+step moves them by `sim_learning_rate` times its update, exact for Adam without weight decay (its
+moments do not depend on the rate). At rate 0 (frozen arms) the parameters stay bitwise fixed; the train step still computes
 their update, which costs one simulator backward pass per step and saves a compilation (tens of seconds
 on this CPU). In self-play one set of weights plays both roles: the rollout's simulator is the agent's
 parameters, the train step's `self_play` sums both roles' gradients into them, at the agent's rate.
@@ -41,6 +44,7 @@ from flax import nnx
 
 from scope_jax.algorithms import ADVANTAGES, token_mean
 from scope_jax.envs import persona_lm as lm
+from scope_jax.envs import personas
 from scope_jax.training.batch import Batch, RoleBatch, TokenBatch
 from scope_jax.training.loss import LossConfig
 from scope_jax.training.optimizer import OptimizerConfig, make_optimizer
@@ -51,7 +55,8 @@ from scope_jax.training.train_step import TrainStepConfig, make_train_step
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
     """steps must be a multiple of eval_every; groups a multiple of the arm's members. rotation_block:
-    steps each simulator of a rotation answers before the next one takes over."""
+    steps each simulator of a rotation answers before the next one takes over. best_response_every:
+    the regret objective's best response is solved at the steps t with t % best_response_every = 0."""
 
     steps: int = 100
     eval_every: int = 50
@@ -62,6 +67,7 @@ class RLConfig:
     sim_kl_coef: float = 1.0  # the rule is stated in docs/results/README.md, before the sweep ran
     rotation_block: int = 1
     advantage: str = "grpo"
+    best_response_every: int = 1
 
     @property
     def episodes(self) -> int:
@@ -73,11 +79,11 @@ BEST_RESPONSE_STREAM = 1 << 21  # folded into a step's key for the best response
 
 
 class AnchorData(NamedTuple):
-    """The data anchor's dialogues in the simulator's view, padded to a fixed number of rows."""
+    """Each member's data anchor dialogues in the simulator's view, padded to a fixed number of rows."""
 
-    tokens: jax.Array  # [D, L] int32
-    loss_mask: jax.Array  # [D, L] float: 1 on the simulator's replies
-    rows: jax.Array  # [] int32: the rows that hold dialogues (the first `rows`)
+    tokens: jax.Array  # [P, D, L] int32
+    loss_mask: jax.Array  # [P, D, L] float: 1 on the simulator's replies
+    rows: jax.Array  # [P] int32: the rows that hold member p's dialogues (the first `rows[p]`)
 
 
 class ArmInputs(NamedTuple):
@@ -137,6 +143,8 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
         raise ValueError("the data anchor is the simulators' (self-play has none of its own)")
     if self_play and best_response:
         raise ValueError("the regret objective is the simulators' (self-play has none of its own)")
+    if config.best_response_every < 1:
+        raise ValueError("best_response_every must be at least 1")
     per_member = config.episodes // members
     optimizer = make_optimizer(OptimizerConfig(learning_rate=config.learning_rate, sim_learning_rate=1.0),
                                {"agent": True} if self_play else {"agent": True, "sims": True})
@@ -149,10 +157,12 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
     group_ids = jnp.arange(config.episodes) // config.group_size
 
     def anchor(data: AnchorData, key) -> TokenBatch:
-        """[members, M, L]: M rows of the data, drawn with replacement, the same for every member."""
-        rows = jax.random.randint(jax.random.fold_in(key, DATA_STREAM), (per_member,), 0, data.rows)
-        tokens = jnp.broadcast_to(data.tokens[rows], (members, per_member, data.tokens.shape[-1]))
-        mask = jnp.broadcast_to(data.loss_mask[rows], tokens.shape)
+        """[members, M, L]: M rows of each member's data, drawn with replacement."""
+        chex.assert_shape(data.rows, (members,))
+        rows = jax.random.randint(jax.random.fold_in(key, DATA_STREAM), (members, per_member), 0,
+                                  data.rows[:, None])
+        tokens = jnp.take_along_axis(data.tokens, rows[..., None], axis=1)
+        mask = jnp.take_along_axis(data.loss_mask, rows[..., None], axis=1)
         return TokenBatch(tokens, lm.positions_like(tokens), mask)
 
     def sim_role(d: lm.Dialogues, rewards: jax.Array) -> RoleBatch:
@@ -170,10 +180,14 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
             sims = jax.tree.map(lambda x, y: jnp.concatenate([x, y], axis=1), sims, responded)
         return Batch(agent=agent, sims=sims, sim_data=sim_data)
 
-    def best_response_episodes(voiced, inputs: ArmInputs, key) -> lm.Dialogues:
-        """M episodes per member, played by the exact best response to its current replies against it."""
-        q = jax.vmap(lm.sim_reply_table, in_axes=(None, 0, 0))(sim_graphdef, voiced, inputs.cards)
-        return lm.play(lm.table_agent(lm.best_response(q), per_member), sim_graphdef, voiced, inputs.cards,
+    def best_responses(voiced, inputs: ArmInputs) -> jax.Array:
+        """[P, N_STATES, N_AGENT]: the exact best response to each voiced member's current replies."""
+        return lm.best_response(jax.vmap(lm.sim_reply_table, in_axes=(None, 0, 0))(sim_graphdef, voiced,
+                                                                                    inputs.cards))
+
+    def best_response_episodes(best: jax.Array, voiced, inputs: ArmInputs, key) -> lm.Dialogues:
+        """M episodes per member, played by the best response tables `best` against it."""
+        return lm.play(lm.table_agent(best, per_member), sim_graphdef, voiced, inputs.cards,
                        inputs.verbalized, jax.random.fold_in(key, BEST_RESPONSE_STREAM), members, per_member)
 
     def simulators(state: JointState):
@@ -187,16 +201,28 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
                           opt_state=optimizer.init(params), step=jnp.zeros((), jnp.int32),
                           rng=jax.random.key_data(key))
 
-    def step_batch(state: JointState, key, t, inputs: ArmInputs) -> tuple[lm.Dialogues, Batch]:
+    def refreshed(best: jax.Array | None, state: JointState, t, inputs: ArmInputs) -> jax.Array | None:
+        """The best response tables for step t: solved anew when t % best_response_every = 0."""
+        if not best_response:
+            return None
+        voiced = jax.tree.map(lambda x: x[inputs.voices[t]], simulators(state))
+        return jax.lax.cond(t % config.best_response_every == 0, lambda: best_responses(voiced, inputs),
+                            lambda: best)
+
+    def step_batch(state: JointState, key, t, inputs: ArmInputs,
+                   best: jax.Array | None = None) -> tuple[lm.Dialogues, Batch]:
+        """best: the best response tables [P, N_STATES, N_AGENT] of a regret program (None: solved here)."""
         voiced = jax.tree.map(lambda x: x[inputs.voices[t]], simulators(state))
         d = lm.rollout(agent_graphdef, state.params["agent"], sim_graphdef, voiced, inputs.cards,
                        inputs.verbalized, key, members, per_member)
         sim_data = anchor(inputs.data, key) if data_coef else None
-        best = best_response_episodes(voiced, inputs, key) if best_response else None
-        return d, batch(d, inputs.sim_sign, sim_data, best)
+        if best_response and best is None:
+            best = best_responses(voiced, inputs)
+        episodes = best_response_episodes(best, voiced, inputs, key) if best_response else None
+        return d, batch(d, inputs.sim_sign, sim_data, episodes)
 
-    def one_step(state: JointState, key, t, inputs: ArmInputs):
-        d, step = step_batch(state, key, t, inputs)
+    def one_step(state: JointState, key, t, inputs: ArmInputs, best: jax.Array | None):
+        d, step = step_batch(state, key, t, inputs, best)
         new, metrics = train_step(state, step)
         if not self_play:
             rate = inputs.sim_learning_rate
@@ -217,15 +243,21 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
         chex.assert_shape(inputs.voices, (config.steps, members))
         state = init(agent, sims, refs, key)
 
-        def chunk(state, chunk_index):
-            def body(state, i):
+        def chunk(carry, chunk_index):
+            def body(carry, i):
+                state, best = carry
                 t = chunk_index * config.eval_every + i
-                return one_step(state, jax.random.fold_in(key, t), t, inputs)
+                best = refreshed(best, state, t, inputs)
+                state, log = one_step(state, jax.random.fold_in(key, t), t, inputs, best)
+                return (state, best), log
 
-            state, logs = jax.lax.scan(body, state, jnp.arange(config.eval_every))
-            return state, (logs, Snapshots(state.params["agent"], simulators(state)))
+            (state, best), logs = jax.lax.scan(body, carry, jnp.arange(config.eval_every))
+            return (state, best), (logs, Snapshots(state.params["agent"], simulators(state)))
 
-        state, (logs, snapshots) = jax.lax.scan(chunk, state, jnp.arange(config.steps // config.eval_every))
+        best0 = (jnp.zeros((members, personas.N_STATES, personas.N_AGENT), jnp.float32)
+                 if best_response else None)
+        (state, _), (logs, snapshots) = jax.lax.scan(chunk, (state, best0),
+                                                     jnp.arange(config.steps // config.eval_every))
         logs = jax.tree.map(lambda x: x.reshape(config.steps, *x.shape[2:]), logs)
         return state, logs, snapshots
 
@@ -234,8 +266,8 @@ def make_runner(agent_graphdef: nnx.GraphDef, sim_graphdef: nnx.GraphDef, config
 
 
 def arm_inputs(cards, voices, verbalized: bool, sim_learning_rate: float, sim_sign: float,
-               data: TokenBatch | None = None, rows: int = 0) -> ArmInputs:
-    """data: the anchor's dialogues [D, L] (its first `rows` rows hold them), or None."""
+               data: TokenBatch | None = None, rows=None) -> ArmInputs:
+    """data: each member's anchor dialogues [P, D, L] (member p's in its first `rows[p]` rows), or None."""
     anchor = None if data is None else AnchorData(jnp.asarray(data.tokens, jnp.int32),
                                                   jnp.asarray(data.loss_mask, jnp.float32),
                                                   jnp.asarray(rows, jnp.int32))

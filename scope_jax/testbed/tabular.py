@@ -8,7 +8,7 @@ taken at the same point, then both players move (Adam):
 
   agent      ascends V(pi, q) against the current simulator q;
   simulator  ascends  sign V(pi, q) + best_response V(pi*, q)
-                      + entropy_coef H_w(q) - kl_coef KL_w(q_start || q),
+                      + entropy_coef H_w(q) - kl_coef KL_w(q_start || q) - data_coef NLL_data(q),
 
 where pi* is the exact best response to q (`best_response`, backward induction) held fixed for the step:
 by the envelope theorem d/dq max_pi V(pi, q) = dV(pi*, q)/dq, so `regret` (sign -1, best_response 1)
@@ -17,9 +17,19 @@ simulator's turns on policy, weight w(i, s) = reach(i) pi(s | i) normalised to 1
 neural testbed's per-token KL averaged over the sampled replies; KL(q_start || q) is the divergence
 whose gradient the neural k3 estimator follows, `algorithms.kl`). The objectives are data (`Objective`),
 and a frozen control is a simulator learning rate of 0: Adam's update times 0 keeps it bit for bit.
+NLL_data is the mean NLL per reply of user dialogues (their reply counts, `Setting.data_counts`), the
+data anchor of the scarce-data arms.
+
+The agent plays P simulators (a population: member p with its own `Setting`, the state's leading
+axis), each episode answered by one of them with equal weight, as the neural `mixture` mode plays:
+its value is the mean of V(pi, q_p), and each member follows its own objective against the agent.
 
 A run is one `Setting` (objective, KL weight, simulator rate, start) and one seed; since everything
 else is exact, a seed is only a perturbation of the agent's initial logits (`initial_agent`).
+
+Simulators fitted to user dialogues (the scarce-data study): the posterior of a Dirichlet on each
+(state, strategy)'s reply counts with prior weight x a prior table (`posterior_mean`, the weight chosen
+on held-out dialogues by `fit_prior_weight`), and P samples of it (`posterior_samples`).
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ import numpy as np
 import optax
 
 from scope_jax.envs import personas
-from scope_jax.testbed import gradients
+from scope_jax.testbed import gradients, user_data
 from scope_jax.testbed.evaluate import LEVELS
 
 AGENT_SHAPE = (personas.N_STATES, personas.N_AGENT)
@@ -57,8 +67,9 @@ OBJECTIVES = {"adversarial": Objective(-1.0), "cooperative": Objective(1.0),
 
 
 class Setting(NamedTuple):
-    """One arm as arrays (vmapped over settings): its objective's coefficients, the simulator's KL
-    weight and learning rate (0: frozen), and its start (the KL anchor too) as logits."""
+    """One simulator of an arm as arrays (stacked over members by `members`, vmapped over arms): its
+    objective's coefficients, KL weight and learning rate (0: frozen), its start (the KL anchor too) as
+    logits, and its data anchor: the weight and the reply counts of its user dialogues."""
 
     sign: jax.Array
     best_response: jax.Array
@@ -66,13 +77,25 @@ class Setting(NamedTuple):
     kl_coef: jax.Array
     sim_learning_rate: jax.Array
     sim_start: jax.Array  # [N_STATES, S, U] logits
+    data_coef: jax.Array
+    data_counts: jax.Array  # [N_STATES, S, U] reply counts of the anchor's dialogues
 
 
-def setting(objective: Objective, kl_coef: float, sim_learning_rate: float, sim_start: np.ndarray) -> Setting:
+def setting(objective: Objective, kl_coef: float, sim_learning_rate: float, sim_start: np.ndarray,
+            data_coef: float = 0.0, data_counts: np.ndarray | None = None) -> Setting:
     chex.assert_shape(sim_start, SIM_SHAPE)
+    counts = np.zeros(SIM_SHAPE) if data_counts is None else data_counts
+    chex.assert_shape(counts, SIM_SHAPE)
+    if data_coef > 0 and not counts.sum():
+        raise ValueError("a data anchor needs dialogues (its reply counts are all 0)")
     f = lambda x: jnp.asarray(x, jnp.float32)
     return Setting(f(objective.sign), f(objective.best_response), f(objective.entropy_coef), f(kl_coef),
-                   f(sim_learning_rate), f(sim_start))
+                   f(sim_learning_rate), f(sim_start), f(data_coef), f(counts))
+
+
+def members(*settings: Setting) -> Setting:
+    """The settings of an arm's P simulators, stacked on a leading member axis."""
+    return jax.tree.map(lambda *x: jnp.stack(x), *settings)
 
 
 def sim_logits(table: np.ndarray) -> np.ndarray:
@@ -108,6 +131,11 @@ def best_response(sim: jax.Array) -> jax.Array:
     return jax.nn.one_hot(jnp.argmax(jnp.concatenate(q), -1), personas.N_AGENT, dtype=sim.dtype)
 
 
+def data_nll(logits: jax.Array, counts: jax.Array) -> jax.Array:
+    """Mean NLL per reply of the dialogues with reply counts `counts` under softmax(logits)."""
+    return -jnp.sum(counts * jax.nn.log_softmax(logits)) / jnp.maximum(counts.sum(), 1.0)
+
+
 def turn_weights(policy: jax.Array, sim: jax.Array) -> jax.Array:
     """w[i, s] = reach(i) pi(s | i), normalised: where the simulator speaks, on policy."""
     w = gradients.reach_probabilities(policy, sim)[:, None] * policy[:, :personas.N_STRATEGIES]
@@ -127,53 +155,110 @@ def sim_gain(logits: jax.Array, policy: jax.Array, s: Setting) -> jax.Array:
     w = jax.lax.stop_gradient(turn_weights(policy, q))
     entropy = jnp.sum(w * -jnp.sum(q * log_q, -1))
     return (s.sign * gradients.policy_value(policy, q) + s.best_response * gradients.policy_value(pi_star, q)
-            + s.entropy_coef * entropy - s.kl_coef * kl_to_start(w, logits, s.sim_start))
+            + s.entropy_coef * entropy - s.kl_coef * kl_to_start(w, logits, s.sim_start)
+            - s.data_coef * data_nll(logits, s.data_counts))
+
+
+def mixture_value(agent_logits: jax.Array, sims: jax.Array) -> jax.Array:
+    """The agent's value against the members sims [P, N_STATES, S, U] (logits), equally weighted."""
+    return jnp.mean(jax.vmap(value, (None, 0))(agent_logits, sims))
 
 
 class State(NamedTuple):
     agent: jax.Array  # [N_STATES, N_AGENT] logits
-    sim: jax.Array  # [N_STATES, S, U] logits
+    sim: jax.Array  # [P, N_STATES, S, U] logits
     agent_opt: optax.OptState
     sim_opt: optax.OptState
 
 
 class Log(NamedTuple):
-    train_value: jax.Array  # V(agent, its simulator) before the step
+    train_value: jax.Array  # V(agent, its simulators) before the step
 
 
 _ADAM = optax.scale_by_adam()
 
 
 def init(agent: jax.Array, s: Setting) -> State:
+    """s: the members' settings [P] (`members`)."""
+    chex.assert_rank(s.sim_start, 4)
     return State(agent, s.sim_start, _ADAM.init(agent), _ADAM.init(s.sim_start))
 
 
-def step(state: State, s: Setting, agent_learning_rate: float) -> tuple[State, Log]:
-    """One simultaneous step: both exact gradients at (agent, sim), then both Adam moves."""
-    train_value, g_agent = jax.value_and_grad(value)(state.agent, state.sim)
-    g_sim = jax.grad(sim_gain)(state.sim, jax.nn.softmax(state.agent), s)
+def step(state: State, s: Setting, agent_learning_rate: float, sims_train: bool = True) -> tuple[State, Log]:
+    """One simultaneous step: all exact gradients at (agent, sims), then the Adam moves. sims_train
+    False skips the simulators' gradients (arms whose every member is frozen: they stay as they are)."""
+    train_value, g_agent = jax.value_and_grad(mixture_value)(state.agent, state.sim)
     u_agent, agent_opt = _ADAM.update(g_agent, state.agent_opt)
-    u_sim, sim_opt = _ADAM.update(g_sim, state.sim_opt)
-    return State(state.agent + agent_learning_rate * u_agent, state.sim + s.sim_learning_rate * u_sim,
-                 agent_opt, sim_opt), Log(train_value)
+    sim, sim_opt = state.sim, state.sim_opt
+    if sims_train:
+        g_sim = jax.vmap(jax.grad(sim_gain), (0, None, 0))(state.sim, jax.nn.softmax(state.agent), s)
+        u_sim, sim_opt = _ADAM.update(g_sim, state.sim_opt)
+        sim = state.sim + s.sim_learning_rate[:, None, None, None] * u_sim
+    return State(state.agent + agent_learning_rate * u_agent, sim, agent_opt, sim_opt), Log(train_value)
 
 
-def train(state: State, s: Setting, agent_learning_rate: float, steps: int) -> tuple[State, Log]:
+def train(state: State, s: Setting, agent_learning_rate: float, steps: int,
+          sims_train: bool = True) -> tuple[State, Log]:
     """`steps` steps of one run (scan); vmap it over runs."""
-    return jax.lax.scan(lambda st, _: step(st, s, agent_learning_rate), state, None, length=steps)
+    return jax.lax.scan(lambda st, _: step(st, s, agent_learning_rate, sims_train), state, None, length=steps)
 
 
 class Outcome(NamedTuple):
     """A run's numbers at its end."""
 
     heldout_value: jax.Array  # V(agent, base simulator): the population
-    train_value: jax.Array  # V(agent, its simulator)
+    train_value: jax.Array  # V(agent, its simulators), mean over members
     sim_deviation: jax.Array  # on-policy mean 1 - max_u q(u | i, s) (`personas.simulator_deviation`)
     sim_kl_to_start: jax.Array  # KL_w(q_start || q) on policy
+    regret_train: jax.Array  # V(pi*_q, q) - V(agent, q), pi*_q the exact best response to member q
+    regret_users: jax.Array  # the same against the population (the base simulator)
+    heldout_nll: jax.Array  # NLL per reply of the held-out counts under the members (mean over members)
 
 
-def outcome(state: State, s: Setting, base_logits: jax.Array) -> Outcome:
-    policy, q = jax.nn.softmax(state.agent), jax.nn.softmax(state.sim)
-    w = turn_weights(policy, q)
-    return Outcome(value(state.agent, base_logits), gradients.policy_value(policy, q),
-                   jnp.sum(w * (1.0 - q.max(-1))), kl_to_start(w, state.sim, s.sim_start))
+def regret(agent_logits: jax.Array, sim_logits: jax.Array) -> jax.Array:
+    """V(pi*, q) - V(agent, q) for q = softmax(sim_logits), pi* its exact best response."""
+    q = jax.nn.softmax(sim_logits)
+    return (gradients.policy_value(best_response(q), q)
+            - gradients.policy_value(jax.nn.softmax(agent_logits), q))
+
+
+def outcome(state: State, s: Setting, base_logits: jax.Array,
+            heldout_counts: jax.Array | None = None) -> Outcome:
+    """Means over members. heldout_counts [N_STATES, S, U]: reply counts of held-out dialogues (None:
+    heldout_nll is 0)."""
+    policy = jax.nn.softmax(state.agent)
+
+    def member(logits, start):
+        q = jax.nn.softmax(logits)
+        w = turn_weights(policy, q)
+        return (gradients.policy_value(policy, q), jnp.sum(w * (1.0 - q.max(-1))),
+                kl_to_start(w, logits, start), regret(state.agent, logits))
+
+    per_member = jax.vmap(member)(state.sim, s.sim_start)
+    nll = (jnp.zeros(()) if heldout_counts is None
+           else jnp.mean(jax.vmap(data_nll, (0, None))(state.sim, heldout_counts)))
+    return Outcome(value(state.agent, base_logits), *(jnp.mean(x) for x in per_member),
+                   regret(state.agent, base_logits), nll)
+
+
+PRIOR_WEIGHTS = (0.5, 1.0, 2.0, 4.0, 8.0)  # the Dirichlet prior's weights (in replies) the fit chooses among
+SAMPLE_FLOOR = 1e-8  # a posterior sample's probabilities are floored there (its logits stay finite)
+
+
+def posterior_mean(counts: np.ndarray, prior: np.ndarray, weight: float) -> np.ndarray:
+    """E[q | counts] under Dirichlet(weight x prior) at every (state, strategy): [N_STATES, S, U]."""
+    return (counts + weight * prior) / (counts.sum(-1, keepdims=True) + weight)
+
+
+def fit_prior_weight(counts: np.ndarray, prior: np.ndarray, heldout: user_data.Dialogues) -> float:
+    """The weight of `PRIOR_WEIGHTS` whose posterior mean gives the held-out dialogues the lowest NLL."""
+    nll = [user_data.table_nll(posterior_mean(counts, prior, a), heldout) for a in PRIOR_WEIGHTS]
+    return PRIOR_WEIGHTS[int(np.argmin(nll))]
+
+
+def posterior_samples(counts: np.ndarray, prior: np.ndarray, weight: float, members: int,
+                      seed: tuple[int, ...]) -> np.ndarray:
+    """[members, N_STATES, S, U] draws of q from Dirichlet(counts + weight x prior) (numpy, from `seed`)."""
+    g = np.random.default_rng(seed).gamma(np.broadcast_to(counts + weight * prior, (members, *SIM_SHAPE)))
+    q = np.maximum(g / np.maximum(g.sum(-1, keepdims=True), 1e-300), SAMPLE_FLOOR)
+    return q / q.sum(-1, keepdims=True)

@@ -9,6 +9,9 @@ held-out part measures their NLL (early stopping of the fit, the data anchor's w
 
 `reply_estimate` is what Verbalized Sampling is taught to state: the data's reply frequencies at each
 (state, strategy), smoothed towards the frequencies pooled over states for that strategy.
+
+For scarce data (issue 33): `bootstrap` resamples a population member's dialogues, `temper` sets a
+reply table's softmax temperature and `calibrate` picks it on the held-out dialogues (`TEMPERATURES`).
 """
 
 from __future__ import annotations
@@ -109,3 +112,30 @@ def reply_estimate(d: Dialogues, smoothing: float) -> np.ndarray:
     pooled = counts.sum(0)
     backoff = (pooled + 1.0) / (pooled.sum(-1, keepdims=True) + personas.N_USER)
     return (counts + smoothing * backoff) / (counts.sum(-1, keepdims=True) + smoothing)
+
+
+TEMPERATURES = (0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)  # the calibrated arms' grid (docs/results/README.md)
+
+
+def bootstrap(d: Dialogues, seed: tuple[int, ...]) -> Dialogues:
+    """As many dialogues as d, drawn from it with replacement (numpy, from `seed`)."""
+    rows = np.random.default_rng(seed).integers(0, len(d.strategies), len(d.strategies))
+    return Dialogues(*(x[rows] for x in d))
+
+
+def resamples(train: Dialogues, config: DataConfig, n: int, members: int) -> list[Dialogues]:
+    """The bootstrap resamples of the fitted part at size n that a population's members see, one each."""
+    return [bootstrap(train, (config.seed, n, p)) for p in range(members)]
+
+
+def temper(table: np.ndarray, temperature: float) -> np.ndarray:
+    """softmax(log q / T) over the reply acts of a table [..., U] with positive entries."""
+    logits = np.log(np.maximum(table, 1e-300)) / temperature
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def calibrate(table: np.ndarray, heldout: Dialogues) -> float:
+    """The temperature of `TEMPERATURES` under which `table` gives `heldout` the lowest NLL (the first
+    of equal ones)."""
+    return TEMPERATURES[int(np.argmin([table_nll(temper(table, t), heldout) for t in TEMPERATURES]))]

@@ -9,7 +9,7 @@ import pytest
 from scope_jax.algorithms import ADVANTAGES
 from scope_jax.envs import persona_lm as lm
 from scope_jax.envs import personas
-from scope_jax.testbed import arms, rl
+from scope_jax.testbed import arms, rl, user_data
 from tests.testbed.conftest import RL
 
 N = personas.N_STATES
@@ -85,20 +85,23 @@ def test_table_agent_plays_its_table_at_the_tracked_state(sim_tables, graphdef):
 
 @pytest.fixture(scope="module")
 def step_batches(pretrained, graphdef, program_p1):
-    """One step's batches, adversarial and regret, on the same state, key and inputs."""
-    regret = rl.make_runner(graphdef, graphdef, RL, 1, RL.sim_kl_coef, best_response=True)
+    """One step's batches, adversarial and regret + data (the scarce-data arms' program, with a data
+    anchor the adversarial program ignores), on the same state, key and inputs."""
+    regret = rl.make_runner(graphdef, graphdef, RL, 1, RL.sim_kl_coef, data_coef=4.0, best_response=True)
     sims = jax.tree.map(lambda x: x[0, :1], pretrained.collapsed)
     agent = jax.tree.map(lambda x: x[0], pretrained.agent)
+    train = user_data.split(user_data.draw(user_data.DataConfig(sizes=(40,))), 40, 0.1).train
+    data = jax.tree.map(lambda x: x[None], user_data.token_batch(train, 50))
     inputs = rl.arm_inputs(np.full(1, lm.NO_CARD), np.zeros((RL.steps, 1), np.int32), False, 5e-3,
-                           arms.OBJECTIVES["regret"].sign)
+                           arms.OBJECTIVES["regret"].sign, data, [len(train.strategies)])
     state = program_p1.init(agent, sims, sims, jax.random.key(1))
     out = {name: jax.jit(program.step_batch)(state, jax.random.key(2), 0, inputs)[1]
            for name, program in (("adversarial", program_p1), ("regret", regret))}
-    return out, sims
+    return out, sims, (regret, inputs, len(train.strategies))
 
 
 def test_regret_batch_adds_the_best_responses_episodes_with_plus_reward_advantages(step_batches, graphdef):
-    batches, sims = step_batches
+    batches, sims, _ = step_batches
     adversarial, regret = batches["adversarial"], batches["regret"]
     M = RL.episodes
     for got, want in zip(jax.tree.leaves(regret.agent), jax.tree.leaves(adversarial.agent)):
@@ -123,6 +126,18 @@ def test_regret_batch_adds_the_best_responses_episodes_with_plus_reward_advantag
     advantages = np.asarray(regret.sims.advantages)[0, M:]
     assert np.abs(advantages).max() > 0.5
     np.testing.assert_allclose(advantages, np.asarray(expected), atol=1e-5)
+
+
+def test_the_regret_batch_keeps_the_data_anchor(step_batches):
+    """Regret + data (the scarce-data arms): the simulators' batch holds the anchor's rows, drawn from the
+    data, beside the best response's episodes."""
+    batches, _, (program, inputs, rows) = step_batches
+    assert batches["adversarial"].sim_data is None
+    assert batches["regret"].sim_data is not None, "the regret program dropped the data anchor"
+    anchor = program.anchor(inputs.data, jax.random.key(2))
+    np.testing.assert_array_equal(np.asarray(batches["regret"].sim_data.tokens), np.asarray(anchor.tokens))
+    data = set(map(tuple, np.asarray(inputs.data.tokens)[0, :rows]))
+    assert set(map(tuple, np.asarray(anchor.tokens)[0])) <= data
 
 
 def test_regret_needs_simulators_that_train():

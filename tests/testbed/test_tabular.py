@@ -98,7 +98,7 @@ def test_regret_gradient_is_that_of_max_value_minus_the_agents(compiled):
 def test_frozen_simulators_stay_bit_for_bit_while_the_agent_trains(compiled):
     agent = jnp.asarray(tabular.initial_agent(0, 0.1))
     for start in (COLLAPSED, tabular.sim_logits(personas.base_simulator())):
-        frozen = tabular.setting(tabular.OBJECTIVES["adversarial"], 1.0, 0.0, start)
+        frozen = tabular.members(tabular.setting(tabular.OBJECTIVES["adversarial"], 1.0, 0.0, start))
         state, log = compiled["train"](tabular.init(agent, frozen), frozen, 0.1, 5)
-        np.testing.assert_array_equal(np.asarray(state.sim), start)
+        np.testing.assert_array_equal(np.asarray(state.sim[0]), start)
         assert float(log.train_value[-1]) > float(log.train_value[0]) + 1e-3  # the agent did train

@@ -105,7 +105,8 @@ def test_the_data_anchor_gradient_reaches_the_simulator(graphdef, pretrained, co
     program = rl.make_runner(graphdef, graphdef, RL, 1, 0.0, data_coef=3.0)
     plain = rl.make_runner(graphdef, graphdef, RL, 1, 0.0)
     inputs = rl.arm_inputs([lm.NO_CARD], np.zeros((RL.steps, 1)), False, 1.0, -1.0,
-                           user_data.token_batch(part.train, 50), len(part.train.strategies))
+                           jax.tree.map(lambda x: x[None], user_data.token_batch(part.train, 50)),
+                           [len(part.train.strategies)])
     anchor = program.anchor(inputs.data, jax.random.key(3))
     assert anchor.tokens.shape == (1, RL.episodes, lm.SEQ_LEN)
     n = RL.episodes  # the agent's batch: one GRPO group layout
