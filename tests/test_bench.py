@@ -7,9 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench import (RolloutShape, SyntheticDialogue, compiled_ops, decode_step_matrices,
-                               full_dialogue_seconds, op_kind, recompute_logprobs, reprefilled_reply,
-                               reprefilling_compiles)
+from experiments.bench.dialogues import (RolloutShape, SyntheticDialogue, reprefilled_reply,
+                                         reprefilling_compiles)
+from experiments.bench.profiler import compiled_ops, op_kind
+from experiments.bench.rl_step import recompute_logprobs
+from experiments.bench.rollout import full_dialogue_seconds
+from experiments.bench.sampler import decode_step_matrices
 from experiments.configs.target_word import get_config
 from scope_jax import sampling
 from scope_jax.models import decoder
