@@ -15,7 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scope_jax.models import ModelConfig, from_pretrained, init
+from flax import nnx
+
+from scope_jax.models import Decoder, ModelConfig, from_pretrained, init, split
 
 # A Llama-type model of about 5M parameters (random weights).
 SMALL = ModelConfig(model_type="llama", vocab_size=4096, hidden_size=256, intermediate_size=688, num_layers=4,
@@ -57,6 +59,16 @@ def models(names: list[str]) -> Iterator[tuple[str, ModelConfig, Any, Any]]:
             yield "SmolLM2-135M", config, graphdef, params
 
 
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # the compute dtypes a benchmark can run
+
+
+def compute_graphdef(config: ModelConfig, dtype: str) -> nnx.GraphDef:
+    """The graphdef of a decoder that computes in `dtype` (activations and matmul inputs) from float32
+    parameters: mixed precision with float32 master weights when dtype is "bfloat16"."""
+    return split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0), dtype=DTYPES[dtype],
+                                                param_dtype=jnp.float32)))[0]
+
+
 def matmul_fns(size: int = 4096) -> tuple[float, dict[str, Callable[[], Any]]]:
     """(FLOPs, {"jax": jitted jnp.dot, "numpy": numpy @}) of one float32 size x size matmul, compiled."""
     a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
@@ -74,19 +86,21 @@ def matmul_peak(size: int = 4096, repeats: int = 3) -> tuple[float, float]:
     return flops / best["jax"] / 1e9, flops / best["numpy"] / 1e9
 
 
-def train_flops(config: ModelConfig, batch: int, length: int) -> float:
+def train_flops(config: ModelConfig, batch: int, length: int, weight_gradients: bool = True) -> float:
     """Model FLOPs of one forward + backward: 6 N T + 12 layers B L^2 heads head_dim.
 
     N counts the matmul parameters (every layer's projections and the output head, not the embedding
     lookup), T = B L tokens; the second term is the two attention matmuls (QK^T and AV, dense over the
-    causal square) times 3 for forward + backward. Recomputation (remat, the chunked head) is not counted.
+    causal square) times 3 for forward + backward. Without weight gradients (a frozen base under LoRA,
+    whose adapters' FLOPs are not counted) the first term is 4 N T. Recomputation (remat, the chunked
+    head) is not counted.
     """
     c = config
     layer = c.num_layers * (c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
                             + 3 * c.hidden_size * c.intermediate_size)
     head = c.hidden_size * c.vocab_size
     attention = 12 * c.num_layers * batch * length**2 * c.num_heads * c.head_dim
-    return 6 * (layer + head) * batch * length + attention
+    return (6 if weight_gradients else 4) * (layer + head) * batch * length + attention
 
 
 def print_table(rows: list[dict[str, Any]], spec: tuple[tuple[str, str, str], ...]) -> None:

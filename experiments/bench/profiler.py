@@ -75,3 +75,13 @@ def op_time_breakdown(fn: Callable, *args) -> dict[tuple[str, str], float]:
             kind = "other"
         seconds[(phase, kind)] += duration
     return dict(seconds)
+
+
+def print_breakdowns(breakdowns: dict[tuple[str, str], dict[tuple[str, str], float]]) -> None:
+    """Print each (model, dtype)'s `op_time_breakdown`, largest part first."""
+    print("\nwhere our step's time goes (XLA op time of one profiled step, summed over threads):")
+    for (name, dtype), seconds in breakdowns.items():
+        total = sum(seconds.values())
+        parts = ", ".join(f"{phase} {kind} {s:.2f}s ({s / total:.0%})"
+                          for (phase, kind), s in sorted(seconds.items(), key=lambda item: -item[1]))
+        print(f"  {name} {dtype}: {parts}")

@@ -54,3 +54,10 @@ def torch_masked_nll(model, tokens: np.ndarray, mask: np.ndarray) -> Callable[[]
 
     return loss
 
+
+def torch_precision(dtype: str):
+    """The context PyTorch computes `dtype` in: nothing for float32, autocast to bfloat16 on the CPU (its
+    float32 weights are the master weights) for bfloat16."""
+    import torch
+
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")

@@ -95,7 +95,7 @@ class RMSNorm(nnx.Module):
         """Normalised over `axis` (0: a feature-major [d, B] activation)."""
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + self.eps)
-        weight = self.weight[...]
+        weight = self.weight[...].astype(x.dtype)  # float32 master weights keep bfloat16 compute bfloat16
         if axis != -1:
             weight = weight.reshape((-1,) + (1,) * (x.ndim - 1 - axis))
         return weight * normed.astype(x.dtype)
