@@ -1,6 +1,7 @@
 """sampler: generated tokens/s of `scope_jax.sampling.generate` (greedy, prompt 64, 64 new tokens, no early
-stop) against transformers `generate` in PyTorch on the same float32 weights, batch 16 and 64, for a
-~5M-parameter random Llama and SmolLM2-135M. Headline: SmolLM2 at batch 16.
+stop) against transformers `generate` in PyTorch on the same float32 weights. By default SmolLM2-135M at
+batch 16, the headline (a few minutes on a quiet 2-core CPU); `--models 5m smollm2 --batches 16 64` adds
+a ~5M-parameter random Llama and batch 64 (past 15 minutes here).
 
 Where the time goes: prefill vs per-token decode, against the time to read every weight once (what a
 decode step costs at least when it is memory-bound), a decode step's XLA op time by kind (layer matmuls,
@@ -26,7 +27,8 @@ from scope_jax.sampling import SamplingConfig, generate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batches", nargs="+", type=int, default=[16, 64], help="batch sizes")
+    parser.add_argument("--batches", nargs="+", type=int, default=[16], help="batch sizes")
+    parser.set_defaults(models=["smollm2"])
 
 
 def weight_read_seconds(params: Any, repeats: int) -> float:
