@@ -69,6 +69,25 @@ def compute_graphdef(config: ModelConfig, dtype: str) -> nnx.GraphDef:
                                                 param_dtype=jnp.float32)))[0]
 
 
+def token_batch(config: ModelConfig, batch: int, length: int, skipped: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random tokens [batch, length] (seed 0) and a float32 loss mask that skips the first `skipped`
+    positions of each row."""
+    tokens = np.random.RandomState(0).randint(1, config.vocab_size, (batch, length))
+    mask = np.ones((batch, length), np.float32)
+    mask[:, :skipped] = 0.0
+    return tokens, mask
+
+
+def add_float32_drift(rows: list[dict[str, Any]], model: str, losses: dict[str, tuple[float, ...]],
+                      keys: tuple[str, ...]) -> None:
+    """Set `keys` (one per side) of `model`'s rows to each side's |loss - its float32 loss| (`losses`:
+    dtype -> one loss per side; nan without a float32 column)."""
+    float32 = losses.get("float32", (float("nan"),) * len(keys))
+    for row in rows:
+        if row["model"] == model:
+            row.update({key: abs(a - b) for key, a, b in zip(keys, losses[row["dtype"]], float32)})
+
+
 def matmul_fns(size: int = 4096) -> tuple[float, dict[str, Callable[[], Any]]]:
     """(FLOPs, {"jax": jitted jnp.dot, "numpy": numpy @}) of one float32 size x size matmul, compiled."""
     a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)

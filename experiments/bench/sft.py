@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench.harness import (DTYPES, best_of, compute_graphdef, matmul_fns, models, print_table,
-                                       train_flops)
+from experiments.bench.harness import (DTYPES, add_float32_drift, best_of, compute_graphdef, matmul_fns,
+                                       models, print_table, token_batch, train_flops)
 from experiments.bench.profiler import op_time_breakdown, print_breakdowns
 from experiments.bench.references import torch_masked_nll, torch_model, torch_precision, torch_threads
 from scope_jax.models import ModelConfig
@@ -102,9 +102,8 @@ def run(args: argparse.Namespace) -> float:
     peak_flops, peak = matmul_fns()
     rows, breakdowns, headline = [], {}, float("nan")
     for name, model_config, graphdef, params in models(args.models):
-        tokens = np.random.RandomState(0).randint(1, model_config.vocab_size, (batch, length))
-        mask = np.ones((batch, length), np.float32)
-        mask[:, : length // 4] = 0.0  # a prompt the loss skips, as a role's view has
+        # a prompt the loss skips, as a role's view has
+        tokens, mask = token_batch(model_config, batch, length, skipped=length // 4)
         first_losses = {}
         for dtype in args.dtypes:
             theirs, peft_adapter = peft_sft_step(model_config, params, tokens, mask, dtype)
@@ -134,11 +133,7 @@ def run(args: argparse.Namespace) -> float:
                   f"float32 matmul peak {peak_flops / best['peak'] / 1e9:.0f} GFLOP/s", flush=True)
             if name == "SmolLM2-135M" and dtype == "float32":
                 headline = ratio
-        float32 = first_losses.get("float32", (float("nan"),) * 2)
-        for row in rows:
-            if row["model"] == name:  # each side's first loss against its own float32 one
-                row["ours_drift"], row["peft_drift"] = (abs(a - b) for a, b in zip(first_losses[row["dtype"]],
-                                                                                    float32))
+        add_float32_drift(rows, name, first_losses, ("ours_drift", "peft_drift"))
     print(f"\nsft: one LoRA SFT step (forward + backward + AdamW), rank {SFT_LORA['rank']}, alpha "
           f"{SFT_LORA['alpha']:g}, targets {'/'.join(SFT_LORA['targets'])}, batch {batch} x {length} "
           f"(loss on the last 3/4 of each row), float32 weights, best of {args.repeats} alternating runs; "

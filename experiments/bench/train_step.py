@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench.harness import (DTYPES, best_of, compute_graphdef, matmul_fns, models, print_table,
-                                       timed, train_flops)
+from experiments.bench.harness import (DTYPES, add_float32_drift, best_of, compute_graphdef, matmul_fns,
+                                       models, print_table, timed, token_batch, train_flops)
 from experiments.bench.profiler import op_time_breakdown, print_breakdowns
 from experiments.bench.references import torch_masked_nll, torch_model, torch_precision, torch_threads
 from scope_jax.logprobs import token_logprobs
@@ -42,9 +42,8 @@ def run(args: argparse.Namespace) -> float:
     peak_flops, peak = matmul_fns()
     rows, breakdowns, headline = [], {}, float("nan")
     for name, model_config, graphdef, params in models(args.models):
-        tokens_np = np.random.RandomState(0).randint(1, model_config.vocab_size, (batch, length))
-        mask_np = np.ones((batch, length), np.float32)
-        mask_np[:, 0] = 0.0  # position 0 has no prefix to be predicted from
+        # position 0 has no prefix to be predicted from
+        tokens_np, mask_np = token_batch(model_config, batch, length, skipped=1)
         tokens, mask = jnp.asarray(tokens_np, jnp.int32), jnp.asarray(mask_np)
         positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
         reference = torch_model(model_config, params).train()
@@ -91,10 +90,7 @@ def run(args: argparse.Namespace) -> float:
                   flush=True)
             if name == "SmolLM2-135M" and dtype == "float32":
                 headline = ratio
-        for row in rows:
-            if row["model"] == name:  # each side's loss against its own float32 loss (nan without it)
-                f32 = losses.get("float32", (float("nan"),) * 2)
-                row["ours_drift"], row["torch_drift"] = (abs(a - b) for a, b in zip(losses[row["dtype"]], f32))
+        add_float32_drift(rows, name, losses, ("ours_drift", "torch_drift"))
     print(f"\ntrain_step: value_and_grad of the masked mean token log-prob, batch {batch} x {length}, float32 "
           f"weights, best of {args.repeats} alternating runs; GFLOP/s = (6 N T + 12 layers B L^2 heads "
           "head_dim) / time, against the float32 4096^3 jnp.dot timed in the same rounds; |d f32|: the loss's "
