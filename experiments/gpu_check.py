@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench import (ROLLOUT_SHAPES, RolloutShape, SyntheticDialogue, best_of, ours_rollout_columns,
-                               timed, train_flops)
+from experiments.bench.dialogues import ROLLOUT_SHAPES, RolloutShape, SyntheticDialogue, ours_rollout_columns
+from experiments.bench.harness import best_of, timed, train_flops
 from experiments.configs.p4g_qwen3 import ARCHITECTURES
 from scope_jax.logprobs import token_logprobs
 from scope_jax.models import ModelConfig, init

@@ -7,9 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench import (RolloutShape, SyntheticDialogue, compiled_ops, decode_step_matrices,
-                               full_dialogue_seconds, op_kind, recompute_logprobs, reprefilled_reply,
-                               reprefilling_compiles)
+from experiments.bench.dialogues import (RolloutShape, SyntheticDialogue, reprefilled_reply,
+                                         reprefilling_compiles)
+from experiments.bench.profiler import compiled_ops, op_kind
+from experiments.bench.rl_step import recompute_logprobs
+from experiments.bench.rollout import full_dialogue_seconds
+from experiments.bench.sampler import decode_step_matrices
 from experiments.configs.target_word import get_config
 from scope_jax import sampling
 from scope_jax.models import decoder
@@ -93,3 +96,33 @@ def test_reprefilling_compiles_at_exactly_the_turns_generate_compiles():
 def test_the_full_dialogue_bound_adds_each_unmeasured_turn_at_the_fastest_measured_time():
     assert full_dialogue_seconds([3.0, 2.0, 4.0], turns=5) == 3.0 + 2.0 + 4.0 + 2 * 2.0
     assert full_dialogue_seconds([3.0, 2.0], turns=2) == 5.0
+
+
+def test_every_benchmark_is_a_subcommand_that_takes_its_documented_flags():
+    from experiments.bench.__main__ import BENCHMARKS, parser
+
+    command_lines = {  # as docs/ and README.md quote them
+        "rollout": ["--models", "smollm2", "--shapes", "tau2", "--turns", "2", "--full"],
+        "collapse": ["--collapse-configs", "data", "--collapse-keep", "/tmp/x"],
+        "sampler": ["--models", "5m", "smollm2", "--batches", "16", "64"],
+        "train_step": ["--models", "5m", "--dtypes", "float32"],
+        "sft": ["--models", "5m", "--repeats", "3"],
+        "distributed": ["--groups", "8"],
+        "rl_step": ["--mode", "frozen"],
+    }
+    assert set(command_lines) == set(BENCHMARKS)
+    for name, flags in command_lines.items():
+        args = parser().parse_args([name, *flags])
+        assert args.run.__module__ == f"experiments.bench.{name}"
+    defaults = {name: parser().parse_args([name]) for name in BENCHMARKS}
+    assert defaults["rollout"].repeats == 1 and defaults["sft"].repeats == 2
+    assert (defaults["sampler"].models, defaults["sampler"].batches) == (["smollm2"], [16])  # within 10 min
+    assert defaults["train_step"].dtypes == defaults["sft"].dtypes == ["float32", "bfloat16"]
+
+
+def test_the_header_says_where_and_when_a_run_was_made():
+    from experiments.bench.harness import header
+
+    lines = header()
+    for field in ("command:", "date:", "commit:", "machine:", "cpu flags:", "load average before the run"):
+        assert sum(line.startswith(field) for line in lines) == 1, (field, lines)

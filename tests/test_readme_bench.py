@@ -2,7 +2,7 @@
 
 import pathlib
 
-from experiments.bench import INCREMENTAL
+from experiments.bench.rollout import INCREMENTAL
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLUMNS = (*INCREMENTAL, "ours, re-prefilling", "transformers, re-prefilling")

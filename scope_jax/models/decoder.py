@@ -95,7 +95,7 @@ class RMSNorm(nnx.Module):
         """Normalised over `axis` (0: a feature-major [d, B] activation)."""
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + self.eps)
-        weight = self.weight[...]
+        weight = self.weight[...].astype(x.dtype)  # float32 master weights keep bfloat16 compute bfloat16
         if axis != -1:
             weight = weight.reshape((-1,) + (1,) * (x.ndim - 1 - axis))
         return weight * normed.astype(x.dtype)
@@ -180,8 +180,14 @@ def _swiglu_mlp_forward(x, w_gate, w_up, w_down):
     return (jax.nn.silu(gate) * up) @ w_down, (x, gate, up, w_gate, w_up, w_down)
 
 
+def xla_cpu_layouts() -> bool:
+    """Whether the layout tricks for XLA:CPU are on (`weight_grad`, `Block.decode_step`'s barrier): they
+    are selected by the default backend, so an accelerator runs the plain forms (docs/models.md)."""
+    return jax.default_backend() == "cpu"
+
+
 def weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
-    """sum over tokens of inputs^T grad, [d_in, d_out], computed as (grad^T inputs)^T.
+    """sum over tokens of inputs^T grad, [d_in, d_out]; on XLA:CPU computed as (grad^T inputs)^T.
 
     XLA:CPU wants the right operand of a weight-gradient matmul transposed. Written the autodiff way
     (inputs^T grad) that operand is `grad`, which XLA then computes column-wise inside the elementwise
@@ -189,6 +195,8 @@ def weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
     plain copy. The barrier stops XLA from swapping the operands back.
     """
     tokens = lambda a: a.reshape(-1, a.shape[-1])
+    if not xla_cpu_layouts():
+        return tokens(inputs).T @ tokens(grad)
     return jax.lax.optimization_barrier(tokens(grad).T @ tokens(inputs)).T
 
 
@@ -251,7 +259,8 @@ class Block(nnx.Module):
             qkv = qkv + weights.qkv_bias.astype(dtype)[:, None]
         # Left to itself, XLA folds the transpose below into the matmul, which then runs token-major on
         # XLA:CPU's slower generic dot; the barrier keeps the fast [out, in] @ [in, B] form.
-        qkv = jax.lax.optimization_barrier(qkv)
+        if xla_cpu_layouts():
+            qkv = jax.lax.optimization_barrier(qkv)
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         q, k, v = jnp.split(qkv.T[:, None], [q_size, q_size + kv_size], axis=-1)  # each [B, 1, size]
         heads = lambda a, n: a.reshape(a.shape[0], 1, n, c.head_dim)

@@ -98,29 +98,40 @@ def trainable_labels(params: Params | LoRAParams, label: str, frozen: str) -> An
 
 
 @jax.custom_vjp
-def low_rank(x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
-    """(x A) B over the last axis of x; backward pass written by hand, the weight gradients laid out as
-    `decoder.weight_grad` lays them out (autodiff's form is slower on XLA:CPU, see docs/lora.md)."""
-    return (x @ a) @ b
+def adapted_matmul(x: jax.Array, kernel: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+    """x (W + A B) over the last axis of x, in x's dtype, for a frozen kernel W: the forward merges A B
+    into W (one matmul of x instead of three, the merge in W's dtype) and the backward computes x's, A's
+    and B's gradients only; differentiating W is refused."""
+    return x @ _merged(kernel, a, b, x.dtype)
 
 
-def _low_rank_forward(x, a, b):
-    xa = x @ a
-    return xa @ b, (x, xa, a, b)
+def _merged(kernel: jax.Array, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    return (kernel + a @ b).astype(dtype)
 
 
-def _low_rank_backward(residuals, grad):
-    x, xa, a, b = residuals
-    d_xa = grad @ b.T
-    return d_xa @ a.T, weight_grad(x, d_xa), weight_grad(xa, grad)
+def _adapted_matmul_forward(x, kernel, a, b):
+    if kernel.perturbed:
+        raise ValueError("adapted_matmul differentiates x and the adapter only: its kernel must be frozen "
+                         "(a LoRA base under stop_gradient)")
+    x, kernel, a, b = (p.value for p in (x, kernel, a, b))
+    return x @ _merged(kernel, a, b, x.dtype), (x, x @ a.astype(x.dtype), kernel, a, b)
 
 
-low_rank.defvjp(_low_rank_forward, _low_rank_backward)
+def _adapted_matmul_backward(residuals, grad):
+    # The merged kernel is made again rather than kept: under a population's vmap, P kept copies of every
+    # kernel would cost P models, the merge itself is a rank-r product.
+    x, xa, kernel, a, b = residuals
+    d_xa = grad @ b.astype(grad.dtype).T
+    return (grad @ _merged(kernel, a, b, grad.dtype).T, None, weight_grad(x, d_xa).astype(a.dtype),
+            weight_grad(xa, grad).astype(b.dtype))
+
+
+adapted_matmul.defvjp(_adapted_matmul_forward, _adapted_matmul_backward, symbolic_zeros=True)
 
 
 class LoRALinear(nnx.Linear):
     """nnx.Linear plus a low-rank update: x W + b + scale (x A) B, with A `lora_a` [in, rank] and B
-    `lora_b` [rank, out]."""
+    `lora_b` [rank, out], computed as x (W + scale A B) + b (`adapted_matmul`)."""
 
     def __init__(self, in_features: int, out_features: int, *, rank: int, scale: float, use_bias: bool,
                  dtype, param_dtype, rngs: nnx.Rngs):
@@ -131,9 +142,9 @@ class LoRALinear(nnx.Linear):
         self.scale = scale
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = super().__call__(x)
-        a, b = (p[...].astype(y.dtype) for p in (self.lora_a, self.lora_b))
-        return y + self.scale * low_rank(x.astype(y.dtype), a, b)
+        x = x.astype(self.dtype or jnp.result_type(x, self.kernel[...]))
+        y = adapted_matmul(x, self.kernel[...], self.lora_a[...], self.scale * self.lora_b[...])
+        return y if self.bias is None else y + self.bias[...].astype(y.dtype)
 
 
 class LoRAMLP(MLP):

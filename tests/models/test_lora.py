@@ -96,24 +96,33 @@ def test_no_base_weight_gradient_is_computed(adapted):
     kernels = {x.shape[-2:] for x in jax.tree.leaves(base) if x.ndim >= 2}
     kernels |= {s[::-1] for s in kernels}
     products = _matmul_shapes(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
-    assert products and not kernels & products, kernels & products
+    # The forward merges A B into each adapted kernel (a kernel-shaped product over the rank); a weight
+    # gradient would contract over tokens.
+    over_tokens = {shape for shape, contracted in products if contracted != EVERY.rank}
+    assert products and not kernels & over_tokens, kernels & over_tokens
 
 
-def test_the_low_rank_backward_equals_autodiff():
-    x, a, b, cotangent = (jax.random.normal(jax.random.key(i), shape) for i, shape in
-                          enumerate([(2, 5, 12), (12, 3), (3, 7), (2, 5, 7)]))
-    ours = jax.vjp(lora.low_rank, x, a, b)[1](cotangent)
-    autodiff = jax.vjp(lambda x, a, b: (x @ a) @ b, x, a, b)[1](cotangent)
-    for got, want in zip(ours, autodiff):
+def test_the_adapted_matmul_backward_equals_autodiff_and_refuses_a_trained_kernel():
+    x, w, a, b, cotangent = (jax.random.normal(jax.random.key(i), shape) for i, shape in
+                             enumerate([(2, 5, 12), (12, 7), (12, 3), (3, 7), (2, 5, 7)]))
+    frozen = lambda x, a, b: lora.adapted_matmul(x, jax.lax.stop_gradient(w), a, b)
+    out, vjp = jax.vjp(frozen, x, a, b)
+    want_out, want_vjp = jax.vjp(lambda x, a, b: x @ w + (x @ a) @ b, x, a, b)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), rtol=1e-5, atol=1e-5)
+    for got, want in zip(vjp(cotangent), want_vjp(cotangent)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="kernel must be frozen"):
+        jax.grad(lambda w: jnp.sum(lora.adapted_matmul(x, w, a, b)))(w)
 
 
-def _matmul_shapes(jaxpr) -> set[tuple[int, ...]]:
-    """Output shapes of every dot_general in `jaxpr` and the jaxprs nested in it."""
+def _matmul_shapes(jaxpr) -> set[tuple[tuple[int, ...], int]]:
+    """(output shape, contracted size) of every dot_general in `jaxpr` and the jaxprs nested in it."""
     shapes = set()
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
-            shapes |= {tuple(v.aval.shape) for v in eqn.outvars}
+            (contracting, _), _ = eqn.params["dimension_numbers"]
+            contracted = int(np.prod([eqn.invars[0].aval.shape[d] for d in contracting]))
+            shapes |= {(tuple(v.aval.shape), contracted) for v in eqn.outvars}
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 inner = getattr(sub, "jaxpr", sub)
