@@ -8,7 +8,7 @@
   identical program is then compiled once.
 - Under pytest-xdist (setup.cfg: `-n auto --dist loadgroup`) a worker runs each test file whole (its
   module fixtures are built once), and each folder of SHARED_FIXTURE_DIRS whole (their session fixtures,
-  a pretrained testbed and the SmolLM2 GGUF, are costly).
+  a pretrained testbed and the SmolLM2 GGUF, are costly); the costliest groups start first.
 - Compiled programs are dropped after a test module once the process holds many memory maps. XLA:CPU
   maps every compiled program into the process; one long session passes the kernel's
   `vm.max_map_count` (65,530 by default) and the next compile aborts the whole run.
@@ -51,8 +51,21 @@ def release_compiled_programs():
         gc.collect()
 
 
+# The groups that take minutes, costliest first (docs/testing.md). xdist hands groups to the workers in
+# collection order (setup.cfg: --no-loadscope-reorder; its default order is by number of tests, which put
+# the three-test, six-minute distributed file last), so these start first and the short files fill in
+# around them, instead of one worker running a long file alone at the end.
+COSTLIEST_FIRST = ("training/test_distributed.py", "testbed", "models", "training/test_large_configs.py",
+                   "training/test_loop.py")
+
+
+def xdist_group(item: pytest.Item) -> str:
+    path = pathlib.Path(item.path).relative_to(TESTS)
+    return next((d for d in SHARED_FIXTURE_DIRS if path.is_relative_to(d)), str(path))
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
-        path = pathlib.Path(item.path).relative_to(TESTS)
-        group = next((d for d in SHARED_FIXTURE_DIRS if path.is_relative_to(d)), str(path))
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+    rank = {group: i for i, group in enumerate(COSTLIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(xdist_group(item), len(rank)))  # stable: files stay whole

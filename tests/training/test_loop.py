@@ -114,4 +114,3 @@ def test_finished_run_is_not_overwritten_and_another_config_is_refused(tmp_path)
     other.seed = 1
     with pytest.raises(Exception, match="another config"):
         RunDir.create(tmp_path / "run", other)
-
