@@ -141,6 +141,18 @@ def check_train_step(name: str, arch: ModelConfig, sizes: Sizes, peak: float, re
            f"peak memory {memory_gib(device)} GiB")
 
 
+def attempt(check: Callable[..., None], *args: Any) -> list[str]:
+    """Run one check; a failure is reported in one line and returned, so the checks after it still run
+    (a leased accelerator's minutes are not spent twice)."""
+    try:
+        check(*args)
+        return []
+    except Exception as e:  # noqa: BLE001  (any failure of one check; the run goes on and exits non-zero)
+        line = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        report(f"FAILED    {line}")
+        return [line]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -157,15 +169,17 @@ def main(argv: list[str] | None = None) -> None:
     sizes = DRY_RUN if args.dry_run else Sizes()
     report(f"device: {device.device_kind} ({device.platform}, {jax.device_count()} device(s)); bfloat16 peak "
            f"{peak / 1e12:.1f} TFLOP/s ({source})")
-    checks: list[Callable[..., None]] = [check_sampler, check_rollout]
+    failed = []
     for name in args.models:
         arch = TINY if args.dry_run else ARCHITECTURES[name]
         label = f"Qwen3-{name.upper()}" + (" (tiny, dry run)" if args.dry_run else "")
         graphdef, params = init(arch, seed=0, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
-        for check in checks:
-            check(label, arch, graphdef, params, sizes, peak, args.repeats, device)
+        for check in (check_sampler, check_rollout):
+            failed += attempt(check, label, arch, graphdef, params, sizes, peak, args.repeats, device)
         del params
-        check_train_step(label, arch, sizes, peak, args.repeats, device)
+        failed += attempt(check_train_step, label, arch, sizes, peak, args.repeats, device)
+    if failed:
+        raise SystemExit(f"gpu_check: {len(failed)} check(s) failed: {'; '.join(failed)}")
     report("gpu_check: done")
 
 
