@@ -12,7 +12,7 @@ from scope_jax.training.run_dir import RunDir
 @pytest.mark.parametrize("mode", cooperbench.MODES)
 def test_every_partner_mode_passes_the_check(mode):
     config = cooperbench.get_config(mode)
-    assert prepare(config) is job
+    assert prepare(config)[0] is job
     assert config.env.mode == ("solo" if mode == "solo" else "coop")
     assert config.sim.mode == ("frozen" if mode == "solo" else mode)
 
