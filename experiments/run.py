@@ -1,9 +1,10 @@
 """Run an experiment: python -m experiments.run --config=experiments/configs/NAME.py[:ARG] [--config.k=v].
 
 The config's `experiment` field names the job (a module in experiments/jobs/). The config is checked
-against that job's defaults before any work starts; the run writes into one directory (--workdir,
-default runs/NAME-TIMESTAMP). Pointing --workdir at an unfinished run resumes it where the job supports
-that; a finished run is only replaced with --overwrite.
+against that job's defaults before any work starts, and what the check built (a dialogue RL run's
+environment) goes to the job's run rather than being built again; the run writes into one directory
+(--workdir, default runs/NAME-TIMESTAMP). Pointing --workdir at an unfinished run resumes it where the job
+supports that; a finished run is only replaced with --overwrite.
 
 A user's mistake, or a run that stops on purpose, ends with one line `error: ...` and exit status 1, no
 traceback (see USER_ERRORS); anything else is a bug and keeps its traceback.

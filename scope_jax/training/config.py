@@ -113,7 +113,7 @@ def check(config: ml_collections.ConfigDict) -> Checked:
     _check_rows(config, mode)
     _check_shards(config)
     _check_fits(config)
-    return Checked(mode, make_env(config.env))  # a missing or malformed data file stops the run here, in one line
+    return Checked(mode, make_env(config.env))  # a missing or malformed data file stops the run here
 
 
 def _check_sampling(config) -> None:

@@ -1,4 +1,5 @@
-"""Everything a dialogue RL run builds once from its config: environment, players, mode, state, train step.
+"""Everything a dialogue RL run builds once from its config and from what its check built (the environment
+and the simulator mode, `training.config.check`): players, state, train step.
 
 The simulator mode (`scope_jax.simulators.modes`) says which models its simulator side needs and which
 parameters train; this module loads those models onto the run's mesh, puts the agent's and the stacked
