@@ -1,9 +1,10 @@
 """Run an experiment: python -m experiments.run --config=experiments/configs/NAME.py[:ARG] [--config.k=v].
 
 The config's `experiment` field names the job (a module in experiments/jobs/). The config is checked
-against that job's defaults before any work starts; the run writes into one directory (--workdir,
-default runs/NAME-TIMESTAMP). Pointing --workdir at an unfinished run resumes it where the job supports
-that; a finished run is only replaced with --overwrite.
+against that job's defaults before any work starts, and what the check built (a dialogue RL run's
+environment) goes to the job's run rather than being built again; the run writes into one directory
+(--workdir, default runs/NAME-TIMESTAMP). Pointing --workdir at an unfinished run resumes it where the job
+supports that; a finished run is only replaced with --overwrite.
 
 A user's mistake, or a run that stops on purpose, ends with one line `error: ...` and exit status 1, no
 traceback (see USER_ERRORS); anything else is a bug and keeps its traceback.
@@ -15,6 +16,8 @@ import datetime
 import pathlib
 import runpy
 import sys
+from types import ModuleType
+from typing import Any
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -44,15 +47,14 @@ def default_workdir(config_arg: str) -> pathlib.Path:
     return pathlib.Path("runs") / f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
 
 
-def prepare(config) -> object:
-    """Validate `config` and return its job module; raises ConfigError with one line naming the key."""
+def prepare(config) -> tuple[ModuleType, Any]:
+    """Validate and check `config`; returns its job module and what the job's check built (None: nothing),
+    for its run. Raises ConfigError with one line naming the key."""
     if "experiment" not in config:
         raise ConfigError("config key 'experiment' is missing (it names the job to run)")
     job = jobs.load(config.experiment)
     validate(config, job.schema(config) if hasattr(job, "schema") else job.default_config())
-    if hasattr(job, "check"):
-        job.check(config)
-    return job
+    return job, job.check(config) if hasattr(job, "check") else None
 
 
 def main(argv: list[str]) -> None:
@@ -64,12 +66,15 @@ def main(argv: list[str]) -> None:
         distributed.initialize()
     config = _CONFIG.value
     try:
-        job = prepare(config)
+        job, checked = prepare(config)
         workdir = pathlib.Path(_WORKDIR.value) if _WORKDIR.value else default_workdir(_config_spec())
         run_dir = RunDir.create(workdir, config, overwrite=_OVERWRITE.value)
         print(f"run directory: {run_dir.path}")
         with run_dir:
-            job.run(config, run_dir)
+            if checked is None:
+                job.run(config, run_dir)
+            else:
+                job.run(config, run_dir, checked)  # what the check built, not built again
     except USER_ERRORS as e:
         import jax
 

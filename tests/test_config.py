@@ -125,6 +125,25 @@ def test_a_run_stopped_on_purpose_is_one_line(tmp_path, monkeypatch):
     assert message.startswith("error: 1 non-finite steps in a row at step 0") and "\n" not in message
 
 
+def test_a_run_builds_its_environment_once_before_step_0(tmp_path, monkeypatch):
+    """The command checks the config and builds the environment in one place and hands it down (to the
+    setup, the evaluation, the monitor): by step 0, TargetWordEnv was constructed exactly once."""
+    built, at_step_0 = [], []  # every TargetWordEnv constructed; (those built by step 0, the run's own)
+    construct = TargetWordEnv.__init__
+    monkeypatch.setattr(TargetWordEnv, "__init__", lambda self, *a, **k: (built.append(self),
+                                                                          construct(self, *a, **k))[1])
+
+    def first_step(setup, state, step):
+        at_step_0.append((list(built), setup.env))
+        return state, {"skipped": 1.0}, []  # stops the run here (max_consecutive_skips=0)
+
+    monkeypatch.setattr(train, "rl_step", first_step)
+    message = cli(monkeypatch, *TINY_RUN, f"--workdir={tmp_path}", "--config.train.max_consecutive_skips=0")
+    assert message.startswith("error: 1 non-finite steps in a row at step 0"), message
+    (before, used), = at_step_0
+    assert len(before) == 1 and before[0] is used, before
+
+
 def test_a_failed_prefix_check_is_one_line(tmp_path, monkeypatch):
     """An environment that rewrites a message a role already saw: the role's view refuses it, in one line."""
     def rewrite(self, episode, message):

@@ -13,7 +13,7 @@ import ml_collections
 
 from experiments.jobs import dialogue_rl
 from experiments.jobs.cooperbench_gold import markdown_table
-from scope_jax.training.config import env_settings
+from scope_jax.training.config import Checked, env_settings
 from scope_jax.training.run_dir import RunDir
 
 check, schema = dialogue_rl.check, dialogue_rl.schema
@@ -36,8 +36,8 @@ STEP_COLUMNS = (  # (header, metric key, formatter)
     ("held-out reward", "heldout_reward", _share))
 
 
-def run(config, run_dir: RunDir) -> None:
-    dialogue_rl.run(config, run_dir)
+def run(config, run_dir: RunDir, checked: Checked | None = None) -> None:
+    dialogue_rl.run(config, run_dir, checked)
     records = run_dir.read_metrics()
     endings = sorted({key for record in records for key in record if key.startswith("end/")})
     columns = STEP_COLUMNS + tuple((f"ended {key[4:]}", key, _share) for key in endings)

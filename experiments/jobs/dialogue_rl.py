@@ -13,10 +13,7 @@ from scope_jax.training.train import train  # noqa: E402
 
 default_config = rl_config.default_config
 schema = rl_config.schema
-
-
-def check(config) -> None:
-    rl_config.check(config)
+check = rl_config.check  # returns the simulator mode and the environment it built, which `run` is handed
 
 CURVES = (("reward", "train reward"), ("heldout_reward", "held-out reward"),
           ("agent/entropy", "agent entropy"), ("agent/kl", "agent KL"),
@@ -37,8 +34,8 @@ def plot_curves(run_dir: RunDir) -> None:
     run_dir.save_figure(fig, "curves")
 
 
-def run(config, run_dir: RunDir) -> None:
-    _, last = train(config, run_dir)
+def run(config, run_dir: RunDir, checked: rl_config.Checked | None = None) -> None:
+    _, last = train(config, run_dir, checked)
     plot_curves(run_dir)
     first = run_dir.read_metrics()[0]
     lines = ["# Dialogue RL", "", f"environment `{config.env.name}`, simulator mode `{config.sim.mode}`, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import NamedTuple
 
 import jax
 import ml_collections
@@ -90,9 +91,16 @@ def schema(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return c
 
 
-def check(config: ml_collections.ConfigDict) -> tuple[SimulatorMode, Environment]:
+class Checked(NamedTuple):
+    """What `check` built while checking a config, for the run to use rather than build again."""
+
+    mode: SimulatorMode
+    env: Environment
+
+
+def check(config: ml_collections.ConfigDict) -> Checked:
     """Refuse impossible or silently wrong combinations before any work (ConfigError, one line naming the
-    key); returns the simulator mode and the environment (built once, here)."""
+    key); returns the simulator mode and the environment, the run's own (its one construction)."""
     try:
         verbalized_config(config.verbalized)
     except ValueError as e:
@@ -105,7 +113,7 @@ def check(config: ml_collections.ConfigDict) -> tuple[SimulatorMode, Environment
     _check_rows(config, mode)
     _check_shards(config)
     _check_fits(config)
-    return mode, make_env(config.env)  # a missing or malformed data file stops the run here, in one line
+    return Checked(mode, make_env(config.env))  # a missing or malformed data file stops the run here
 
 
 def _check_sampling(config) -> None:

@@ -1,4 +1,5 @@
-"""Everything a dialogue RL run builds once from its config: environment, players, mode, state, train step.
+"""Everything a dialogue RL run builds once from its config and from what its check built (the environment
+and the simulator mode, `training.config.check`): players, state, train step.
 
 The simulator mode (`scope_jax.simulators.modes`) says which models its simulator side needs and which
 parameters train; this module loads those models onto the run's mesh, puts the agent's and the stacked
@@ -24,7 +25,7 @@ from scope_jax.sampling import SamplingConfig
 from scope_jax.simulators.modes import SimulatorMode, SimulatorModels
 from scope_jax.training import state as joint
 from scope_jax.training.batch import Batch
-from scope_jax.training.config import check, loss_config
+from scope_jax.training.config import Checked, check, loss_config
 from scope_jax.training.data_anchor import DataAnchor
 from scope_jax.training.optimizer import OptimizerConfig, make_optimizer
 from scope_jax.training.players import load_model
@@ -63,8 +64,9 @@ class Setup:
         return self._compiled(state, batch)
 
 
-def build(config: ml_collections.ConfigDict) -> Setup:
-    mode, env = check(config)
+def build(config: ml_collections.ConfigDict, checked: Checked | None = None) -> Setup:
+    """The run's setup; `checked` is what `check(config)` returned (checked here when not given)."""
+    mode, env = checked if checked is not None else check(config)
     words = getattr(env, "vocabulary", ())
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
 

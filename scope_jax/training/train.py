@@ -25,6 +25,7 @@ from scope_jax.training import state as joint
 from scope_jax.training.checkpoint import Checkpointer, config_fingerprint
 from scope_jax.training.rl_step import make_episodes, play_shards, rl_step, rollout_key, shards, speakers
 from scope_jax.training.run_dir import RunDir
+from scope_jax.training.config import Checked
 from scope_jax.training.setup import Setup, build
 
 
@@ -32,9 +33,11 @@ class TrainingStopped(RuntimeError):
     """The run stopped on purpose (too many non-finite steps); the last good checkpoint is intact."""
 
 
-def train(config: ml_collections.ConfigDict, run_dir: RunDir) -> tuple[joint.JointState, dict[str, float]]:
-    """Run (or resume) training into `run_dir`; returns the final state and the last logged metrics."""
-    setup = build(config)
+def train(config: ml_collections.ConfigDict, run_dir: RunDir,
+          checked: Checked | None = None) -> tuple[joint.JointState, dict[str, float]]:
+    """Run (or resume) training into `run_dir`; returns the final state and the last logged metrics.
+    `checked`: what `training.config.check(config)` returned (checked here when not given)."""
+    setup = build(config, checked)
     loop = CheckpointedLoop(config, run_dir, setup.state, setup.mesh, config.train.steps,
                             config.train.checkpoint_every, consecutive_skips=0)
     probes = monitor.Monitor(setup.env, config.monitor, setup.agent, config.seed, shards(setup))

@@ -78,9 +78,9 @@ def test_one_training_step_on_a_tiny_checkpoint(tmp_path, size):
     config.train.update(steps=1, eval_every=int(evaluated), eval_first=False, eval_groups=1,
                         checkpoint_every=1, microbatches=2)
     config.monitor.update(probe_contexts=1, probe_samples=2, fork_contexts=1, forks=2, branches=2)
-    prepare(config)
+    _, checked = prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
-        state, metrics = train(config, run_dir)
+        state, metrics = train(config, run_dir, checked)
     assert int(state.step) == 1 and metrics["skipped"] == 0.0 and np.isfinite(metrics["loss"])
     assert np.isfinite(metrics["agent/entropy"]) and ("heldout_reward" in metrics) == evaluated
     if not evaluated:

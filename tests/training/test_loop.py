@@ -37,9 +37,9 @@ def test_agent_learns_the_target_word_against_a_frozen_simulator(tmp_path):
     baseline), as the last step is, with every held-out dialogue written: the logged held-out reward is
     the mean of those dialogues' rewards."""
     config = tiny_config(steps=30, eval_every=30, checkpoint_every=30, eval_first=True)
-    prepare(config)
+    _, checked = prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
-        train(config, run_dir)
+        train(config, run_dir, checked)
         metrics = run_dir.read_metrics()
     rewards = [r["reward"] for r in metrics]
     first, last = np.mean(rewards[:5]), np.mean(rewards[-5:])

@@ -12,7 +12,7 @@ from scope_jax.training.run_dir import RunDir
 @pytest.mark.parametrize("mode", cooperbench.MODES)
 def test_every_partner_mode_passes_the_check(mode):
     config = cooperbench.get_config(mode)
-    assert prepare(config) is job
+    assert prepare(config)[0] is job
     assert config.env.mode == ("solo" if mode == "solo" else "coop")
     assert config.sim.mode == ("frozen" if mode == "solo" else mode)
 
@@ -46,9 +46,9 @@ def test_one_tiny_step_end_to_end(tmp_path):
     config.env.update(max_turns=2, isolation="process")
     config.sampling.max_new_tokens = 8
     config.train.update(steps=1, eval_every=1, checkpoint_every=1, microbatches=1)
-    prepare(config)
+    _, checked = prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
-        job.run(config, run_dir)
+        job.run(config, run_dir, checked)
     [record] = RunDir(tmp_path / "run").read_metrics()
     assert np.isfinite(record["loss"]) and record["skipped"] == 0.0 and "heldout_reward" in record
     assert record["env/success"] == 0.0 and record["env/steps"] > 0  # random tiny models pass nothing

@@ -58,9 +58,9 @@ def test_one_tiny_step_end_to_end(tmp_path):
     config.sim.model, config.eval.sim_models = "tiny:1", ("tiny:2",)
     config.sampling.max_new_tokens = 4
     config.train.update(steps=1, eval_every=1, checkpoint_every=1)
-    prepare(config)
+    _, checked = prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
-        state, metrics = train(config, run_dir)
+        state, metrics = train(config, run_dir, checked)
     assert int(state.step) == 1 and metrics["skipped"] == 0.0 and np.isfinite(metrics["loss"])
     assert "heldout_reward" in metrics and metrics["reward"] == 0.0
     assert sum(v for k, v in metrics.items() if k.startswith("end/")) == pytest.approx(1.0)

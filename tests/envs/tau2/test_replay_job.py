@@ -21,7 +21,7 @@ def test_replay_reproduces_the_sheet_and_reports_a_planted_mismatch(tmp_path):
     reference.write_text(json.dumps(planted))
     config = runpy.run_path(str(ROOT / "experiments" / "configs" / "tau2_replay.py"))["get_config"]()
     config.data_dir, config.reference = str(DATA), str(reference)
-    job = prepare(config)
+    job, _ = prepare(config)
     with RunDir.create(tmp_path / "run", config) as run_dir:
         with pytest.raises(RuntimeError, match="1 mismatches"):
             job.run(config, run_dir)
