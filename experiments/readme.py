@@ -18,7 +18,7 @@ from typing import Callable
 
 from experiments import tabular_objectives, tabular_scarce
 from experiments.jobs import p4g_proxy
-from scope_jax.testbed import data_report, report, scarce_report
+from scope_jax.testbed import data_report, prose, scarce_report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -33,8 +33,8 @@ PROXY = RESULTS / "p4g_proxy" / "fidelity.json"
 
 
 def testbed_text() -> str:
-    block = [report.readme_block(json.loads(SUMMARY.read_text()))]
-    if SWEEP.exists() and (null := report.sweep_null_sentence(json.loads(SWEEP.read_text()))):
+    block = [prose.readme_block(json.loads(SUMMARY.read_text()))]
+    if SWEEP.exists() and (null := prose.sweep_null_sentence(json.loads(SWEEP.read_text()))):
         block.append(f"- {null}")
     if TABULAR.exists():
         block.append(f"- {tabular_objectives.tabular_null_sentence(json.loads(TABULAR.read_text()))}")

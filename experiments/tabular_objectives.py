@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scope_jax.envs import personas
-from scope_jax.testbed import report, tabular
+from scope_jax.testbed import prose, statistics, tabular
 from scope_jax.testbed.progress import Ticker
 
 AGENT_LEARNING_RATE = 0.1
@@ -128,20 +128,20 @@ def run(say: Callable[[str], None] = print) -> dict[str, Any]:
                      "entropy_coef": tabular.OBJECTIVES["adversarial_entropy"].entropy_coef},
         "steps": steps,
         "seeds": list(SEEDS),
-        "untrained": {"heldout_value": report._stat(untrained)},
+        "untrained": {"heldout_value": statistics._stat(untrained)},
         "arms": {a.name: {"label": a.label, "objective": a.objective, "kl": a.kl_coef,
                           "lr": a.sim_learning_rate,
-                          "start": a.start, **{k: report._stat(per_arm[k][index[a.name]]) for k in METRICS}}
+                          "start": a.start, **{k: statistics._stat(per_arm[k][index[a.name]]) for k in METRICS}}
                  for a in arms},
-        "deltas": {a.name: {"heldout_value": report._stat(heldout[index[a.name]] - heldout[index[CONTROL]])}
+        "deltas": {a.name: {"heldout_value": statistics._stat(heldout[index[a.name]] - heldout[index[CONTROL]])}
                    for a in arms if a.sim_learning_rate > 0},
-        "frozen_base_gap": report._stat(heldout[index[BASE_CONTROL]] - heldout[index[CONTROL]]),
+        "frozen_base_gap": statistics._stat(heldout[index[BASE_CONTROL]] - heldout[index[CONTROL]]),
         "wall_s": round(time.perf_counter() - start, 1),
     }
 
 
 def _fmt(stat: dict[str, Any]) -> str:
-    return report.fmt(report._pair(stat))
+    return prose.fmt(statistics._pair(stat))
 
 
 def _cell(summary: dict[str, Any], name: str, key: str) -> str:
@@ -153,8 +153,8 @@ COLUMNS: tuple[tuple[str, Callable[[dict, str], str]], ...] = (
     ("arm", lambda s, n: s["arms"][n]["label"]),
     ("held-out value", lambda s, n: _cell(s, n, "heldout_value")),
     ("- frozen collapsed",
-     lambda s, n: report.signed(s["deltas"][n]["heldout_value"]) if n in s["deltas"] else "-"),
-    ("verdict", lambda s, n: report.direction(s["deltas"][n]["heldout_value"]) if n in s["deltas"] else "-"),
+     lambda s, n: prose.signed(s["deltas"][n]["heldout_value"]) if n in s["deltas"] else "-"),
+    ("verdict", lambda s, n: statistics.direction(s["deltas"][n]["heldout_value"]) if n in s["deltas"] else "-"),
     ("training value", lambda s, n: _cell(s, n, "train_value")),
     ("simulator deviation", lambda s, n: _cell(s, n, "sim_deviation")),
     ("simulator KL to start", lambda s, n: _cell(s, n, "sim_kl_to_start")),
@@ -174,8 +174,8 @@ def markdown(summary: dict[str, Any]) -> str:
         "Held-out value: the final agent's exact value on the population; differences from the frozen "
         "collapsed simulator are paired by seed, with 95% t-intervals.", "",
         f"Untrained agent: held-out value {_fmt(summary['untrained']['heldout_value'])}. "
-        f"Frozen base minus frozen collapsed: {report.signed(summary['frozen_base_gap'])}.", "",
-        *report._table([c for c, _ in COLUMNS], rows), "",
+        f"Frozen base minus frozen collapsed: {prose.signed(summary['frozen_base_gap'])}.", "",
+        *prose._table([c for c, _ in COLUMNS], rows), "",
         tabular_null_sentence(summary), ""])
 
 
@@ -189,8 +189,8 @@ def tabular_null_sentence(summary: dict[str, Any]) -> str:
     largest = max(0.0, *(d["heldout_value"]["mean"] for d in summary["deltas"].values()))
     return (f"Simulator objectives that do not see the users, tabular evidence (`python -m "
             f"experiments.tabular_objectives`, exact gradients, KL weight x simulator learning rate, "
-            f"{len(summary['seeds'])} seeds): {report.objective_verdicts(by_objective)}; the frozen base "
-            f"simulator is {report.signed(gap)} above the frozen collapsed one, and the largest difference "
+            f"{len(summary['seeds'])} seeds): {prose.objective_verdicts(by_objective)}; the frozen base "
+            f"simulator is {prose.signed(gap)} above the frozen collapsed one, and the largest difference "
             f"above is {largest / gap['mean']:.0%} of that gap.")
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from experiments import tabular_objectives
 from scope_jax.envs import personas
-from scope_jax.testbed import report, tabular, user_data
+from scope_jax.testbed import prose, statistics, tabular, user_data
 from scope_jax.testbed.progress import Ticker
 
 SIZES = (10, 30, 100, 1000)
@@ -138,7 +138,7 @@ def run(say: Callable[[str], None] = print) -> dict[str, Any]:
     controls = run_batch([(frozen(table[None]), agents[r], no_counts)
                           for table in ends for r in range(len(SEEDS))], sims_train=False)
     per_control = {k: v.reshape(2, len(SEEDS)) for k, v in controls.items()}
-    out: dict[str, Any] = {"controls": {name: {k: report._stat(per_control[k][i]) for k in METRICS}
+    out: dict[str, Any] = {"controls": {name: {k: statistics._stat(per_control[k][i]) for k in METRICS}
                                         for i, name in enumerate(("frozen", "frozen_base"))}, "by_n": {}}
     tick = Ticker("tabular scarce: sizes", len(SIZES), say, every=0.0)
     for done, n in enumerate(SIZES, 1):
@@ -159,12 +159,12 @@ def run(say: Callable[[str], None] = print) -> dict[str, Any]:
                                         d.heldout_counts) for r, d in enumerate(data)], sims_train=True)
         arms = {"fitted": fitted, "calibrated": calibrated, "population": population,
                 "regret_data": by_coef[coef], "population_regret_data": population_regret}
-        stats = lambda m: {k: report._stat(m[k]) for k in METRICS}
+        stats = lambda m: {k: statistics._stat(m[k]) for k in METRICS}
         out["by_n"][str(n)] = {
             "data_coef": coef,
             "prior_weight": [d.prior_weight for d in data], "temperature": [d.temperature for d in data],
             "arms": {kind: stats(m) for kind, m in arms.items()},
-            "vs_fitted": {kind: report._stat(m["heldout_value"] - fitted["heldout_value"])
+            "vs_fitted": {kind: statistics._stat(m["heldout_value"] - fitted["heldout_value"])
                           for kind, m in arms.items() if kind != "fitted"},
             "regret_data_by_coef": {f"{c:g}": stats(m) for c, m in by_coef.items()},
         }
@@ -179,7 +179,7 @@ def run(say: Callable[[str], None] = print) -> dict[str, Any]:
 
 
 def _verdict(stat: dict[str, Any]) -> str:
-    return {"higher": "beats fitted", "lower": "worse than fitted"}.get(report.direction(stat),
+    return {"higher": "beats fitted", "lower": "worse than fitted"}.get(statistics.direction(stat),
                                                                         "indistinguishable from fitted")
 
 
@@ -190,11 +190,11 @@ def table(summary: dict[str, Any]) -> list[str]:
         for kind, label in KINDS.items():
             arm, delta = row["arms"][kind], row["vs_fitted"].get(kind)
             rows.append([str(n), label + (f" (weight {row['data_coef']:g})" if "regret" in kind else ""),
-                         report.fmt(report._pair(arm["heldout_value"])),
-                         report.fmt(report._pair(delta)) if delta else "-", _verdict(delta) if delta else "-",
-                         *(report.fmt(report._pair(arm[k])) for k in ("regret_train", "regret_users",
+                         prose.fmt(statistics._pair(arm["heldout_value"])),
+                         prose.fmt(statistics._pair(delta)) if delta else "-", _verdict(delta) if delta else "-",
+                         *(prose.fmt(statistics._pair(arm[k])) for k in ("regret_train", "regret_users",
                                                                         "heldout_nll"))])
-    return report._table(["N", "arm", "held-out value", "Δ vs fitted (paired)", "verdict",
+    return prose._table(["N", "arm", "held-out value", "Δ vs fitted (paired)", "verdict",
                           "regret (training sims)", "regret (users)", "held-out NLL"], rows)
 
 
@@ -210,7 +210,7 @@ def sentences(summary: dict[str, Any]) -> list[str]:
             out.append(f"**fitted** (Dirichlet posterior mean): held-out value {path}, between the frozen "
                        f"collapsed simulator's {low:.3f} and the frozen base simulator's {high:.3f}.")
             continue
-        parts = "; ".join(f"N = {n}: {report.signed(summary['by_n'][str(n)]['vs_fitted'][kind])}, "
+        parts = "; ".join(f"N = {n}: {prose.signed(summary['by_n'][str(n)]['vs_fitted'][kind])}, "
                           f"{_verdict(summary['by_n'][str(n)]['vs_fitted'][kind])}" for n in sizes)
         out.append(f"**{label}** against fitted, paired by seed: {parts}.")
     return out

@@ -39,7 +39,7 @@ COLLAPSE_TABLE = (  # (label, key, format) of each column of the collapse table
 
 
 def run(args: argparse.Namespace) -> float:
-    from scope_jax.testbed import experiment
+    from scope_jax.testbed import arm_store, experiment
 
     budgets = {"default": 600.0, "quick": 120.0, "data": 1200.0, "scarce": 1800.0}
     measured = {}
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> float:
         for name in args.collapse_configs:
             spec = "experiments/configs/collapse.py" + ("" if name == "default" else f":{name}")
             if name == "data" and "default" in measured:
-                for part in (experiment.PRETRAINED, *(f"{experiment.ARMS_DIR}/{arm}.msgpack"
+                for part in (experiment.PRETRAINED, *(f"{arm_store.ARMS_DIR}/{arm}.msgpack"
                                                       for arm in ("untrained", "frozen", "frozen_base"))):
                     target = os.path.join(folder, name, part)
                     os.makedirs(os.path.dirname(target), exist_ok=True)

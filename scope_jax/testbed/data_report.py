@@ -14,7 +14,10 @@ import numpy as np
 
 from scope_jax.testbed.arms import Arm
 from scope_jax.testbed.experiment import Results
-from scope_jax.testbed.report import Section, _pair, _stat, _table, direction, fmt, plt, signed
+from scope_jax.testbed.figures import plt
+from scope_jax.testbed.prose import _table, fmt, signed
+from scope_jax.testbed.report import Section
+from scope_jax.testbed.statistics import _pair, _stat, direction
 
 ANCHOR_RULE = ("the smallest data weight whose co-trained simulator ends with an NLL on the held-out tenth "
                "of the N dialogues (mean over seeds) within {tolerance:.0%} of the fitted simulator's; the "

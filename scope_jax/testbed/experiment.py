@@ -8,21 +8,18 @@ once (`CompileOnce`): XLA:CPU runs this game's tiny programs on about one core e
 thread nearly doubles the arms' throughput on two cores. No arm's numbers depend on it.
 
 With data arms (`Settings.data`), the user dialogues are drawn and the simulators fitted to them
-(`testbed.fitting`) after tabulation; the fitted models are kept in `fitted.msgpack`.
+(`testbed.fitting`) after tabulation (`testbed.tabulation`); the fitted models are kept in
+`fitted.msgpack`.
 
 The run directory keeps what is done: the pretrained models (`pretrained.msgpack`) and every finished
-arm (`arms/NAME.msgpack`, written before its metrics are logged). A resumed run loads both, reruns only
-the arms that did not finish, and keeps each arm's records in `metrics.jsonl` exactly once (an arm
-whose records are incomplete, from a run killed while logging, has them dropped and logged again from
-its saved result).
+arm (`testbed.arm_store`, written before its metrics are logged). A resumed run loads both and reruns
+only the arms that did not finish.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,9 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import serialization
 
 from scope_jax import diagnostics
 from scope_jax.envs import persona_lm as lm
@@ -40,17 +35,17 @@ from scope_jax.envs import personas
 from scope_jax.models import decoder
 from scope_jax.testbed import arms as arms_lib
 from scope_jax.testbed import evaluate, user_data
+from scope_jax.testbed.arm_store import ArmResult, ArmStore, log_arm, restore_tree, save_tree
 from scope_jax.testbed.arms import FITTED_STARTS, Arm
 from scope_jax.testbed.fitting import POPULATION, Fitter, fit_to_data, tempered
-from scope_jax.testbed.gradients import POLICY_TABLE, GradientPanel
+from scope_jax.testbed.gradients import GradientPanel
 from scope_jax.testbed.pretrain import Pretrained, PretrainConfig, model_config, pretrain
-from scope_jax.testbed.progress import Ticker
 from scope_jax.testbed.rl import RLConfig, arm_inputs, make_runner
-from scope_jax.training.run_dir import METRICS, RunDir
+from scope_jax.testbed.tabulation import Tables, Tabulator, leaves_at, pretraining_diagnostics, tabulate
+from scope_jax.training.run_dir import RunDir
 
 PRETRAINED = "pretrained.msgpack"
 FITTED = "fitted.msgpack"
-ARMS_DIR = "arms"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,200 +67,12 @@ class Settings:
 
 
 @dataclasses.dataclass
-class ArmResult:
-    """Per-step curves [R, steps] (step t = 1..steps) and exact evaluations [R, E + 1]
-    (steps 0, k, 2k, ...)."""
-
-    label: str
-    step_curves: dict[str, np.ndarray]
-    eval_steps: np.ndarray
-    evals: dict[str, np.ndarray]
-    seconds: float
-
-    @property
-    def records(self) -> int:
-        """How many metrics.jsonl records logging this arm writes."""
-        return (self.step_curves["reward"].shape[1] if self.step_curves else 0) + len(self.eval_steps)
-
-
-@dataclasses.dataclass
 class Results:
     settings: Settings
     arms: dict[str, ArmResult]
     pretraining: dict[str, Any]
     references: dict[str, dict[str, float]]
     seconds: dict[str, float]
-
-
-def _flatten(tree, lead_ndim: int):
-    """Merge the first lead_ndim axes of every leaf."""
-    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[lead_ndim:]), tree)
-
-
-def _index(tree, i):
-    return jax.tree.map(lambda x: x[i], tree)
-
-
-# Module-level, so that every Tabulator shares their compiled programs (and the panel the policy's).
-_REPLIES = jax.jit(lm.sim_reply_table, static_argnums=0)
-_VERBAL = jax.jit(lm.verbalized_table, static_argnums=(0, 4))
-
-
-class Tabulator:
-    """Jitted read-outs of transformer players at every decision state, one model per call (one
-    compiled program per read-out, whatever the number of models). With workers > 1 the models after
-    the first (which compiles) are read out on that many threads."""
-
-    def __init__(self, graphdef, workers: int = 1, say: Callable[[str], None] | None = None):
-        self.graphdef = graphdef
-        self.workers = workers
-        self.say = say  # progress lines of each read-out (None: quiet)
-
-    def _map(self, fn: Callable, items: Sequence, what: str) -> list:
-        ticker = Ticker(f"reading out {len(items)} {what}", len(items), self.say) if self.say else None
-        out = []
-
-        def tick(item):
-            result = fn(item)
-            out.append(None)
-            if ticker:
-                ticker(len(out))
-            return result
-
-        if self.workers == 1 or len(items) < 2:
-            return [tick(item) for item in items]
-        first = tick(items[0])
-        with ThreadPoolExecutor(self.workers) as pool:
-            return [first, *pool.map(tick, items[1:])]
-
-    def policies(self, params, lead_ndim: int = 1) -> np.ndarray:
-        """[*lead, N_STATES, N_AGENT] float64 for params with `lead_ndim` leading axes."""
-        lead = jax.tree.leaves(params)[0].shape[:lead_ndim]
-        flat = _flatten(params, lead_ndim)
-        out = self._map(lambda i: lm.as_table(POLICY_TABLE(self.graphdef, _index(flat, i))),
-                        range(int(np.prod(lead))), "agent policies")
-        return np.stack(out).reshape(*lead, *out[0].shape)
-
-    def sims(self, params, cards: np.ndarray) -> np.ndarray:
-        """[*cards.shape, N_STATES, S, U]: params with leading axes cards.shape, each with its card."""
-        cards = np.asarray(cards)
-        flat = _flatten(params, cards.ndim)
-        out = self._map(lambda ic: lm.as_table(_REPLIES(self.graphdef, _index(flat, ic[0]), int(ic[1]))),
-                        list(enumerate(cards.reshape(-1))), "simulators' replies")
-        return np.stack(out).reshape(*cards.shape, *out[0].shape)
-
-    def verbalized(self, params, card: int, keys: Sequence[jax.Array],
-                   samples: int) -> tuple[np.ndarray, np.ndarray]:
-        """(what VS trains against [R, N_STATES, S, U], malformed fraction [R, N_STATES, S]) of params [R]."""
-        out = self._map(lambda ik: _VERBAL(self.graphdef, _index(params, ik[0]), card, ik[1], samples),
-                        list(enumerate(keys)), "Verbalized Sampling simulators (sampled verbalizations)")
-        return np.stack([lm.as_table(q) for q, _ in out]), np.stack([np.asarray(m) for _, m in out])
-
-
-def _save(path, tree: dict) -> None:
-    """Write atomically (a killed run leaves the old file or the new one, never half of one)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(serialization.msgpack_serialize(
-        jax.tree.map(lambda x: x if isinstance(x, str) else np.asarray(x), tree)))
-    os.replace(tmp, path)
-
-
-def _restore(path) -> dict:
-    return serialization.msgpack_restore(path.read_bytes())
-
-
-def _tv(a: np.ndarray, b: np.ndarray, weights: np.ndarray) -> float:
-    """On-policy total variation: weights [N_STATES, S] (reach x strategy probability)."""
-    return float(np.sum(weights * 0.5 * np.abs(a - b).sum(-1)) / weights.sum())
-
-
-def _on_policy_weights(policy: np.ndarray, sim: np.ndarray) -> np.ndarray:
-    return personas.reach_probabilities(policy, sim)[:, None] * policy[:, :personas.N_STRATEGIES]
-
-
-class Tables(NamedTuple):
-    """Every pretrained model read out at every decision state (float64), per seed R."""
-
-    agent: np.ndarray  # [R, N_STATES, N_AGENT] the pretrained agent
-    base: np.ndarray  # [R, N_STATES, S, U] base simulator, no card
-    cards: np.ndarray  # [R, 4, ...] base simulator with each persona's card
-    collapsed: np.ndarray  # [R, C, ...] collapsed simulators, no card (C = 0 is the emotional mode)
-    verbalized: np.ndarray  # [R, ...] what the emotional collapsed simulator's Verbalized Sampling answers
-    vs_malformed: np.ndarray  # [R, N_STATES, S] fraction of its verbalizations that fall back
-    heldout: np.ndarray  # [H, ...] held-out simulators, no card
-    selfplay_agent: np.ndarray | None  # [R, N_STATES, N_AGENT] the joint model's agent role
-    selfplay: np.ndarray | None  # [R, ...] the joint model's user role, no card
-
-
-def tabulate(tab: Tabulator, pre: Pretrained, vs_samples: int, seeds: Sequence[int]) -> Tables:
-    R = len(seeds)
-    cards = np.asarray([lm.card_token(p) for p in range(len(personas.PERSONAS))])
-    C = jax.tree.leaves(pre.collapsed)[0].shape[1]
-    H = jax.tree.leaves(pre.heldout)[0].shape[0]
-    keys = [jax.random.fold_in(jax.random.key(8191), s) for s in seeds]
-    verbalized, malformed = tab.verbalized(jax.tree.map(lambda x: x[:, 0], pre.collapsed), lm.NO_CARD, keys,
-                                           vs_samples)
-    joint = pre.selfplay is not None
-    return Tables(
-        agent=tab.policies(pre.agent),
-        base=tab.sims(pre.base, np.full(R, lm.NO_CARD)),
-        cards=tab.sims(jax.tree.map(lambda x: jnp.repeat(x[:, None], len(cards), 1), pre.base),
-                       np.broadcast_to(cards, (R, len(cards)))),
-        collapsed=tab.sims(pre.collapsed, np.full((R, C), lm.NO_CARD)),
-        verbalized=verbalized, vs_malformed=malformed,
-        heldout=tab.sims(pre.heldout, np.full(H, lm.NO_CARD)),
-        selfplay_agent=tab.policies(pre.selfplay) if joint else None,
-        selfplay=tab.sims(pre.selfplay, np.full(R, lm.NO_CARD)) if joint else None)
-
-
-def pretraining_diagnostics(tables: Tables, population: np.ndarray,
-                            heldout_priors: Sequence[Sequence[float]]) -> dict[str, Any]:
-    """Per seed: how the pretrained players compare with the game's tables.
-
-    Deviations (1 - p_max, on-policy, exact) and TV distances are taken on the dialogues of the
-    pretrained agent with the population (TV) or with the simulator itself (deviation).
-    """
-    p4g = personas.p4g_policy()[0]
-    out: dict[str, Any] = {k: [] for k in (
-        "agent_first_turn_tv_to_p4g", "agent_value", "base_tv", "card_tv", "collapsed_tv_to_tabular",
-        "base_deviation", "collapsed_deviation", "verbalized_deviation", "verbalized_tv",
-        "verbalized_tv_to_base", "verbalized_malformed", "population_deviation",
-        "tabular_collapsed_deviation",
-        "base_best_response_value", "verbalized_best_response_value")}
-    for r, pi in enumerate(tables.agent):
-        w = _on_policy_weights(pi, population)
-        out["agent_first_turn_tv_to_p4g"].append(0.5 * float(np.abs(pi[0] - p4g).sum()))
-        out["agent_value"].append(personas.policy_value(pi, population))
-        out["base_tv"].append(_tv(tables.base[r], population, w))
-        out["card_tv"].append([_tv(tables.cards[r, p], personas.persona_simulator(p), w)
-                               for p in range(tables.cards.shape[1])])
-        out["collapsed_tv_to_tabular"].append(_tv(tables.collapsed[r, 0], personas.collapsed_simulator(), w))
-        out["verbalized_tv"].append(_tv(tables.verbalized[r], population, w))
-        out["verbalized_tv_to_base"].append(_tv(tables.verbalized[r], tables.base[r], w))
-        out["verbalized_malformed"].append(float(np.sum(w * tables.vs_malformed[r]) / w.sum()))
-        # Fidelity ceilings: the population value of the best response to each training simulator.
-        for key, table in (("base_best_response_value", tables.base[r]),
-                           ("verbalized_best_response_value", tables.verbalized[r])):
-            out[key].append(personas.policy_value(personas.best_response(table).policy, population))
-        for key, table in (("base_deviation", tables.base[r]),
-                           ("collapsed_deviation", tables.collapsed[r, 0]),
-                           ("verbalized_deviation", tables.verbalized[r]),
-                           ("population_deviation", population),
-                           ("tabular_collapsed_deviation", personas.collapsed_simulator())):
-            out[key].append(personas.simulator_deviation(pi, table))
-    if tables.selfplay is not None:
-        out["selfplay_agent_value"] = [personas.policy_value(pi, population) for pi in tables.selfplay_agent]
-        out["selfplay_deviation"] = [personas.simulator_deviation(pi, q)
-                                     for pi, q in zip(tables.selfplay_agent, tables.selfplay)]
-    out["heldout"] = []
-    for h, prior in enumerate(heldout_priors):
-        prior = np.asarray(prior) / np.sum(prior)
-        truth = personas.base_simulator(personas.TABLES, prior)
-        tv = _tv(tables.heldout[h], truth, _on_policy_weights(tables.agent[0], truth))
-        out["heldout"].append({"prior": prior.tolist(), "tv_to_own_population": tv,
-                               "deviation": personas.simulator_deviation(tables.agent[0], tables.heldout[h]),
-                               "untrained_value": personas.policy_value(tables.agent[0], tables.heldout[h])})
-    return out
 
 
 class Fitted(NamedTuple):
@@ -291,7 +98,7 @@ def fit(settings: Settings, pre: Pretrained, tab: Tabulator, graphdef, run_dir: 
     needed = {arm.start for arm in settings.arms if arm.data}
     calibrated = "fitted_calibrated" in needed  # made from "fitted"
     fits = tuple(sorted((needed - {"fitted_calibrated"}) | ({"fitted"} if calibrated else set())))
-    if cache.exists() and set(fits) <= set(cached := _restore(cache)):
+    if cache.exists() and set(fits) <= set(cached := restore_tree(cache)):
         params = {start: {int(n): p for n, p in cached[start].items() if int(n) in config.sizes}
                   for start in fits}
         progress("fitted simulators loaded from the run directory")
@@ -299,7 +106,7 @@ def fit(settings: Settings, pre: Pretrained, tab: Tabulator, graphdef, run_dir: 
         fitter = Fitter(graphdef, config.fit_learning_rate)
         params = fit_to_data(fitter, pre.collapsed, dialogues, config, fits, progress)
         if run_dir.primary:
-            _save(cache, {start: {str(n): p for n, p in by_n.items()} for start, by_n in params.items()})
+            save_tree(cache, {start: {str(n): p for n, p in by_n.items()} for start, by_n in params.items()})
     R = len(settings.seeds)
     keys = [jax.random.fold_in(jax.random.key(8191), s) for s in settings.seeds]  # as `tabulate`'s
     splits = {n: user_data.split(dialogues, n, config.heldout_fraction) for n in config.sizes}
@@ -346,7 +153,7 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
     agent0 = pre.selfplay if self_play else pre.agent
     policy0 = tables.selfplay_agent if self_play else tables.agent
     step_curves: dict[str, np.ndarray] = {}
-    agent_params = lambda r, e: _index(agent0, r)
+    agent_params = lambda r, e: leaves_at(agent0, r)
     if not arm.trains:  # evaluated against the simulator RL would train on
         policies, steps, sim_tables = policy0[:, None], np.zeros(1, int), initial[:, None]
     else:
@@ -365,7 +172,7 @@ def run_arm(arm: Arm, settings: Settings, pre: Pretrained, tables: Tables, tab: 
         _, logs, snaps = COMPILED(program.run, agent0, sims, refs, inputs, keys)
         logs = jax.tree.map(np.asarray, logs)
         policies = np.concatenate([policy0[:, None], tab.policies(snaps.agent, 2)], axis=1)
-        agent_params = lambda r, e: _index(agent0, r) if e == 0 else _index(snaps.agent, (r, e - 1))
+        agent_params = lambda r, e: leaves_at(agent0, r) if e == 0 else leaves_at(snaps.agent, (r, e - 1))
         steps = np.arange(0, rl.steps + 1, rl.eval_every)
         if arm.spec.trains_sims:
             trained = tab.sims(snaps.sims, np.broadcast_to(cards, (R, len(steps) - 1, arm.members)))
@@ -442,51 +249,6 @@ class CompileOnce:
 COMPILED = CompileOnce()
 
 
-def log_arm(name: str, result: ArmResult, seeds: Sequence[int], log: Callable) -> None:
-    """Every curve point of a finished arm: one record per step, then one per evaluation."""
-    per_seed = lambda curves, i: {f"{k}/seed{s}": float(v[r, i]) for k, v in curves.items()
-                                  for r, s in enumerate(seeds)}
-    steps = result.step_curves["reward"].shape[1] if result.step_curves else 0
-    for t in range(steps):
-        log(name, t + 1, per_seed(result.step_curves, t))
-    for e, step in enumerate(result.eval_steps):
-        log(name, int(step), per_seed(result.evals, e))
-
-
-class ArmStore:
-    """Finished arms in the run directory, and their records in metrics.jsonl."""
-
-    def __init__(self, run_dir: RunDir):
-        self.run_dir = run_dir
-        self.folder = run_dir.path / ARMS_DIR
-        self.folder.mkdir(exist_ok=True)
-
-    def load(self, name: str) -> ArmResult | None:
-        path = self.folder / f"{name}.msgpack"
-        if not path.exists():
-            return None
-        d = _restore(path)
-        return ArmResult(str(d["label"]), dict(d["step_curves"] or {}), np.asarray(d["eval_steps"]),
-                         dict(d["evals"]), float(d["seconds"]))
-
-    def save(self, name: str, result: ArmResult) -> None:
-        if self.run_dir.primary:
-            _save(self.folder / f"{name}.msgpack", dataclasses.asdict(result))
-
-    def logged(self, finished: dict[str, ArmResult]) -> set[str]:
-        """The finished arms whose records are all in metrics.jsonl; every other arm's records are dropped."""
-        records = self.run_dir.read_metrics()
-        arm_of = lambda record: next(k for k in record if k != "step").split("/", 1)[0]
-        counts: dict[str, int] = {}
-        for record in records:
-            counts[arm_of(record)] = counts.get(arm_of(record), 0) + 1
-        complete = {name for name, result in finished.items() if counts.get(name) == result.records}
-        kept = [record for record in records if arm_of(record) in complete]
-        if len(kept) < len(records) and self.run_dir.primary:
-            (self.run_dir.path / METRICS).write_text("".join(json.dumps(r) + "\n" for r in kept))
-        return complete
-
-
 def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = print) -> Results:
     """The whole experiment; every arm's curve points go to `run_dir.log` (prefix "ARM/")."""
     start = time.perf_counter()
@@ -495,7 +257,7 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
         raise ValueError(f"arm names repeat: {names}")
     cache = run_dir.path / PRETRAINED
     if cache.exists():
-        pre = Pretrained(**_restore(cache))
+        pre = Pretrained(**restore_tree(cache))
         progress("pretrained models loaded from the run directory")
     else:
         progress("pretraining agent and simulators")
@@ -504,7 +266,7 @@ def run(settings: Settings, run_dir: RunDir, progress: Callable[[str], None] = p
                        settings.heldout_seeds, selfplay=any(a.start == "selfplay" for a in needs),
                        say=progress)
         if run_dir.primary:
-            _save(cache, pre._asdict())
+            save_tree(cache, pre._asdict())
     seconds = {"pretrain": time.perf_counter() - start}
 
     graphdef, _ = decoder.init(model_config(settings.pretrain), seed=0)

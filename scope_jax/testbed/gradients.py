@@ -29,7 +29,7 @@ FINAL_REWARD = personas.reward(personas.STATE_SCORE[LEVELS[-1], None, None]
                                 + personas.SCORE_WEIGHTS).astype(np.float32)  # [n_last, 1, U]
 
 
-POLICY_TABLE = jax.jit(lm.agent_policy_table, static_argnums=0)  # shared with testbed.experiment's Tabulator
+POLICY_TABLE = jax.jit(lm.agent_policy_table, static_argnums=0)  # shared with testbed.tabulation's Tabulator
 
 
 def _flow(reach: jax.Array, policy: jax.Array, sim: jax.Array, t: int) -> jax.Array:

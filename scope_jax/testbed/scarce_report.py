@@ -15,7 +15,9 @@ import numpy as np
 
 from scope_jax.testbed import data_report
 from scope_jax.testbed.experiment import Results
-from scope_jax.testbed.report import Section, _pair, _stat, _table, direction, fmt, signed
+from scope_jax.testbed.prose import _table, fmt, signed
+from scope_jax.testbed.report import Section
+from scope_jax.testbed.statistics import _pair, _stat, direction
 
 KINDS = {"fitted": "fitted", "calibrated": "fitted, calibrated",
          "fitted_population": "fitted population (P=4)", "regret_data": "regret + data",

@@ -3,7 +3,7 @@
 import numpy as np
 
 from scope_jax.testbed import data_report
-from scope_jax.testbed.report import _stat
+from scope_jax.testbed.statistics import _stat
 
 
 def arm(value, nll):

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scope_jax.testbed import experiment
+from scope_jax.testbed import arm_store, experiment
 from scope_jax.testbed.arms import ARMS, sweep_arm
 from scope_jax.training.run_dir import RunDir
 from tests.testbed.conftest import QUICK, RL
@@ -56,7 +56,7 @@ def test_two_threads_give_the_numbers_of_one(tmp_path, pretrained):
                                        vs_samples=1, workers=workers)
         path = tmp_path / str(workers)
         run_dir = RunDir.create(path, {"test": "workers"})
-        experiment._save(path / experiment.PRETRAINED, pretrained._asdict())
+        arm_store.save_tree(path / experiment.PRETRAINED, pretrained._asdict())
         results[workers] = experiment.run(settings, run_dir, lambda message: None)
     for name, one in results[1].arms.items():
         two = results[2].arms[name]

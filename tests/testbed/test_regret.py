@@ -1,6 +1,8 @@
 """The regret objective: the exact best response on device, a table agent in the rollout, and the
 best response's episodes in the simulators' batch."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -145,3 +147,19 @@ def test_regret_needs_simulators_that_train():
     for mode, start in (("frozen", "collapsed"), ("verbalized", "collapsed"), ("selfplay", "selfplay")):
         with pytest.raises(ValueError, match="regret objective"):
             arms.Arm("regret", "regret", mode, start=start, objective="regret")
+
+
+def test_a_regret_run_solves_the_best_response_every_k_steps(pretrained, graphdef, monkeypatch):
+    """best_response_every = 3 over 6 steps: the host's backward induction (counted) runs twice, at steps
+    0 and 3, neither every step nor never (a small program: 8 episodes a step, one seed, one member)."""
+    config = dataclasses.replace(RL, steps=6, eval_every=6, groups=2, group_size=4, best_response_every=3)
+    program = rl.make_runner(graphdef, graphdef, config, 1, 0.0, best_response=True)
+    solved = []
+    solve = personas.best_response
+    monkeypatch.setattr(personas, "best_response", lambda table: solved.append(None) or solve(table))
+    sims = jax.tree.map(lambda x: x[:, :1], pretrained.collapsed)
+    inputs = rl.arm_inputs(np.full(1, lm.NO_CARD), np.zeros((config.steps, 1), np.int32), False, 5e-3,
+                           arms.OBJECTIVES["regret"].sign)
+    _, logs, _ = program.run(pretrained.agent, sims, sims, inputs, jax.random.split(jax.random.key(3), 1))
+    assert np.asarray(logs.reward).shape == (1, config.steps)
+    assert len(solved) == config.steps // config.best_response_every

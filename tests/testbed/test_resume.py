@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from scope_jax.testbed import experiment
+from scope_jax.testbed import arm_store, experiment
 from scope_jax.testbed.arms import ARMS
 from scope_jax.training.run_dir import METRICS, RunDir
 from tests.testbed.conftest import QUICK, RL
@@ -24,7 +24,7 @@ def test_an_interrupted_run_resumes_without_rerunning_or_relogging_finished_arms
     settings = experiment.Settings(seeds=(0,), arms=arms, pretrain=QUICK, rl=RL, heldout_seeds=(101,),
                                    vs_samples=1)
     run_dir = RunDir.create(tmp_path, {"test": "resume"})
-    experiment._save(tmp_path / experiment.PRETRAINED, pretrained._asdict())
+    arm_store.save_tree(tmp_path / experiment.PRETRAINED, pretrained._asdict())
 
     def interrupt_before_cotrain(message):
         if message == "arm cotrain":
@@ -32,8 +32,8 @@ def test_an_interrupted_run_resumes_without_rerunning_or_relogging_finished_arms
 
     with pytest.raises(Interrupted):
         experiment.run(settings, run_dir, interrupt_before_cotrain)
-    first = experiment.ArmStore(run_dir).load("frozen")
-    assert first is not None and experiment.ArmStore(run_dir).load("cotrain") is None
+    first = arm_store.ArmStore(run_dir).load("frozen")
+    assert first is not None and arm_store.ArmStore(run_dir).load("cotrain") is None
     # a kill while the frozen arm's records were being written: only some of them reached the file
     metrics = tmp_path / METRICS
     lines = metrics.read_text().splitlines()

@@ -1,10 +1,10 @@
 """summary.md's sentences follow the numbers: directions and interval checks come from the summary."""
 
-from scope_jax.testbed import report
+from scope_jax.testbed import prose, statistics
 
 
 def _stat(seeds):
-    mean, hw = report.interval(seeds)
+    mean, hw = statistics.interval(seeds)
     return {"mean": mean, "ci95": hw, "seeds": list(seeds)}
 
 
@@ -22,14 +22,14 @@ def _summary(gain):
 
 
 def test_direction_needs_the_interval_to_exclude_zero():
-    assert report.direction(_stat([0.1, 0.12, 0.09, 0.11, 0.1])) == "higher"
-    assert report.direction(_stat([-0.1, -0.12, -0.09, -0.11, -0.1])) == "lower"
-    assert report.direction(_stat([0.1, -0.12, 0.09, -0.11, 0.1])) == "not distinguishable from 0"
+    assert statistics.direction(_stat([0.1, 0.12, 0.09, 0.11, 0.1])) == "higher"
+    assert statistics.direction(_stat([-0.1, -0.12, -0.09, -0.11, -0.1])) == "lower"
+    assert statistics.direction(_stat([0.1, -0.12, 0.09, -0.11, 0.1])) == "not distinguishable from 0"
 
 
 def test_comparison_sentences_say_what_the_paired_differences_say():
-    higher = report.comparison_sentences(_summary([0.09, 0.1, 0.08, 0.1, 0.09]))
-    null = report.comparison_sentences(_summary([0.02, -0.03, 0.01, -0.02, 0.02]))
+    higher = prose.comparison_sentences(_summary([0.09, 0.1, 0.08, 0.1, 0.09]))
+    null = prose.comparison_sentences(_summary([0.02, -0.03, 0.01, -0.02, 0.02]))
     co_higher = next(line for line in higher if line.startswith("**Co-Training**"))
     co_null = next(line for line in null if line.startswith("**Co-Training**"))
     assert "vs the frozen collapsed simulator (higher)" in co_higher
@@ -49,6 +49,6 @@ def test_the_sweep_rule_chooses_among_adversarial_points_and_the_verdict_covers_
     for name, deviation in deviations.items():
         summary["arms"][name] = {"sim_deviation": _stat([deviation] * 5)}
         summary["deltas"]["frozen"][name] = summary["deltas"]["frozen"]["cotrain"]
-    assert report.selected_sweep_point(summary) == "cotrain_kl1"
-    sentence = report.sweep_null_sentence(summary)
+    assert statistics.selected_sweep_point(summary) == "cotrain_kl1"
+    sentence = prose.sweep_null_sentence(summary)
     assert "adversarial: 2 settings" in sentence and "regret: 1 settings" in sentence
