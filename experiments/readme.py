@@ -48,7 +48,9 @@ def testbed_text() -> str:
 
 
 def proxy_text() -> str:
-    return p4g_proxy.fidelity_table(json.loads(PROXY.read_text()))
+    results = json.loads(PROXY.read_text())
+    return p4g_proxy.fidelity_table(results) + "\n\nThe judge's goals (issue 32), read from the same file:\n\n" + \
+        p4g_proxy.goals_table(results)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import pathlib
 from typing import Callable
 
@@ -196,6 +197,28 @@ def fidelity_table(results: dict) -> str:
     lines += ["", "Value [95% interval]: arms, humans and the ridge, a bootstrap over participants (the "
               "percentile interval of a distance leans high, so a value may sit below it); floors, the mean "
               f"[2.5th, 97.5th percentile] of {fs.DRAWS} random draws. {results['cases']}"]
+    return "\n".join(lines)
+
+
+# Issue 32's goals for the judge, read from the proxy arm of a fidelity result: (goal, the proxy's value,
+# the target, whether the value meets it).
+Goal = tuple[str, Callable[[dict], float], Callable[[dict], float], Callable[[float, float], bool]]
+GOALS: tuple[Goal, ...] = (
+    ("KS at most 0.12", lambda p: p["ks"]["value"], lambda p: 0.12, operator.le),
+    ("hist L1 at most the human floor at the proxy's sizes", lambda p: p["hist_l1"]["value"],
+     lambda p: p["floor"]["hist_l1"]["mean"], operator.le),
+    ("unreadable at most 5%", lambda p: p["unreadable"]["value"], lambda p: 0.05, operator.le),
+    ("rank corr. with own donation: its interval's lower end above 0", lambda p: p["rank_corr"]["low"],
+     lambda p: 0.0, operator.gt),
+)
+
+
+def goals_table(results: dict) -> str:
+    """The judge's goals, met or not, from `results`' proxy arm."""
+    proxy = results["arms"]["proxy"]
+    lines = ["| goal | proxy | target | met |", "|---|---|---|---|"]
+    lines += [f"| {goal} | {value(proxy):.3f} | {target(proxy):.3f} | "
+              f"{'yes' if meets(value(proxy), target(proxy)) else 'no'} |" for goal, value, target, meets in GOALS]
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from scope_jax.envs import user_dialogues
 from scope_jax.models import from_pretrained, init, lora
 
 from .test_lora import CONFIG, EVERY, jit_forward, tiny_llama_with_adapter, tokens_and_positions, trained_like
@@ -50,7 +51,9 @@ def test_the_peft_layout_holds_the_same_adapter_bit_for_bit(adapter, tmp_path):
 
 def test_the_committed_p4g_proxy_ships_in_peft_layout_only():
     folder = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results" / "p4g_proxy" / "adapter"
-    assert sorted(p.name for p in folder.iterdir()) == [lora.CONFIG_FILE, lora.PEFT_ADAPTER_FILE]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([lora.CONFIG_FILE, lora.PEFT_ADAPTER_FILE,
+                                                                user_dialogues.FIT_FILE])
+    assert json.loads((folder / user_dialogues.FIT_FILE).read_text())["purpose"] == "judge"
     config, _ = lora.load_adapter(folder)
     assert config == lora.LoRAConfig(rank=8, alpha=16.0, targets=lora.ATTENTION_TARGETS)
 

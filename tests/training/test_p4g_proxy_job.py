@@ -110,3 +110,13 @@ def test_the_committed_references_are_their_records_and_what_the_data_gives():
     own = np.array([case.scenario.donation for case in cases])
     again = json.loads(json.dumps(p4g_proxy.fidelity_results({}, own, others, ceiling, config.seed)))
     assert again == {k: v for k, v in results.items() if k != "cases"}
+
+
+def test_the_goals_table_says_which_goal_is_met():
+    proxy = {"ks": {"value": 0.10}, "hist_l1": {"value": 0.20}, "floor": {"hist_l1": {"mean": 0.25}},
+             "unreadable": {"value": 0.06}, "rank_corr": {"low": 0.01}}
+    met = lambda table: [line.rsplit("|", 2)[1].strip() for line in table.splitlines()[2:]]  # noqa: E731
+    assert met(p4g_proxy.goals_table({"arms": {"proxy": proxy}})) == ["yes", "yes", "no", "yes"]
+    proxy.update(ks={"value": 0.13}, floor={"hist_l1": {"mean": 0.19}}, unreadable={"value": 0.05},
+                 rank_corr={"low": 0.0})
+    assert met(p4g_proxy.goals_table({"arms": {"proxy": proxy}})) == ["no", "no", "yes", "no"]
