@@ -20,10 +20,11 @@ def lora_persuadee(config):
     """The P4G human proxy's SFT recipe for this CPU (docs/sft.md): the first 4 turns per role, views up to
     640 tokens, 100 steps of 4 dialogues, a rank-8 LoRA adapter (alpha 16) on the four attention
     projections of every layer, learning rate 2e-4 with 10 warm-up steps, 32 held-out dialogues; the
-    adapter saved in peft's layout (docs/lora.md)."""
+    adapter saved in peft's layout, naming the hub's SmolLM2 as its base (docs/lora.md)."""
     config.data.update(max_turns=4, max_length=640, eval_dialogues=32)
     config.train.update(steps=100, batch_size=4, eval_every=50, checkpoint_every=25)
-    config.lora.update(rank=8, alpha=16.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"), format="peft")
+    config.lora.update(rank=8, alpha=16.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"), format="peft",
+                       base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
     config.optimizer.update(learning_rate=2e-4, warmup_steps=10)
     return config
 

@@ -63,9 +63,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict({"steps": 100, "batch_size": 8, "microbatches": 1, "eval_every": 25,
                                          "checkpoint_every": 25, "chunk_size": 128})
     c.optimizer = ml_collections.ConfigDict(dict(dataclasses.asdict(OptimizerConfig()), learning_rate=2e-5))
-    # rank 0: no adapter, every parameter trains; format: the saved adapter's layout (models.lora.LAYOUTS)
+    # rank 0: no adapter, every parameter trains; format: the saved adapter's layout (models.lora.LAYOUTS);
+    # base_model: peft's base_model_name_or_path in a peft-layout adapter ("": none)
     c.lora = ml_collections.ConfigDict({"rank": 0, "alpha": 16.0, "targets": ("q_proj", "v_proj"),
-                                        "format": "scope_jax"})
+                                        "format": "scope_jax", "base_model": ""})
     c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
     return c
 
@@ -219,7 +220,7 @@ def train_sft(config, run_dir: RunDir, purpose: str | None) -> Trained:
     run_dir.log(train.steps, final)
     if config.lora.rank:
         lora.save_adapter(run_dir.path / ADAPTER, loop.state.params[PARAMS].adapter, lora_config(config),
-                          format=config.lora.format)
+                          format=config.lora.format, base_model=config.lora.base_model or None)
         if purpose is not None:
             user_dialogues.record_fit(run_dir.path / ADAPTER, data_spec(config, "train"), purpose)
     return Trained(graphdef, loop.state.params[PARAMS], tokenizer, data, {**last, **final})

@@ -44,7 +44,7 @@ class Stop(Exception):
 @pytest.mark.parametrize("rank", [0, 2])  # the whole model, a LoRA adapter
 def test_a_stopped_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, rank):
     config = tiny_config()
-    config.lora.rank = rank
+    config.lora.update(rank=rank, format="peft", base_model="org/base")
     prepare(config)
     with RunDir.create(tmp_path / "reference", config) as run_dir:
         sft.run(config, run_dir)
@@ -66,7 +66,10 @@ def test_a_stopped_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, rank):
     with RunDir.create(tmp_path / "stopped", config) as run_dir:
         sft.run(config, run_dir)
     assert records(tmp_path / "stopped") == reference
-    assert (tmp_path / "stopped" / sft.ADAPTER / lora.ADAPTER_FILE).exists() == bool(rank)
+    adapter = tmp_path / "stopped" / sft.ADAPTER
+    assert (adapter / lora.PEFT_ADAPTER_FILE).exists() == bool(rank)
+    if rank:  # peft's layout, naming the base it was given
+        assert json.loads((adapter / lora.CONFIG_FILE).read_text())["base_model_name_or_path"] == "org/base"
 
 
 def test_missing_data_file_and_bad_split_are_one_line_config_errors(tmp_path):
