@@ -25,10 +25,13 @@ LABELS = {"frozen": "prompted simulator, frozen", "verbalized": "Verbalized Samp
           "fitted": "fitted on the simulator split, frozen", "cotrain_data": "Co-Training + data anchor"}
 
 
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
 def outcomes(rewards: list[dict[str, float]]) -> dict[str, float]:
     """Mean agent reward, unreadable share, and donation rate and mean among the readable dialogues."""
     readable = [r for r in rewards if not r["unreadable"]]
-    mean = lambda values: sum(values) / len(values) if values else math.nan  # noqa: E731
     return {"dialogues": len(rewards), "reward": mean([r["agent"] for r in rewards]),
             "unreadable": mean([r["unreadable"] for r in rewards]),
             "donating": mean([float(r["donation"] > 0) for r in readable]),
@@ -43,6 +46,9 @@ def gather(run: pathlib.Path) -> dict[str, Any]:
     for path in sorted((run / "samples").glob("eval-step-*.jsonl")):
         records = [json.loads(line) for line in path.read_text().splitlines()]
         evaluations[path.stem.removeprefix("eval-step-")] = outcomes([r["rewards"] for r in records])
+    if not evaluations:
+        raise SystemExit(f"p4g_rl_arms: {run}/samples has no eval-step-S.jsonl (train.eval_first and "
+                         "train.eval_every write them)")
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [{"step": r["step"], "reward": r["reward"], "unreadable": r.get("env/unreadable", math.nan)}
              for r in records]
@@ -69,7 +75,7 @@ def first_and_last(key: str) -> Callable[[dict], str]:
 COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("held-out reward vs the judge, step 0 (untrained agent) / last evaluation", first_and_last("reward")),
     ("held-out dialogues per evaluation", lambda arm: str(last(arm)["dialogues"])),
-    ("held-out donating, step 0 / last", first_and_last("donating")),
+    ("held-out donating among readable, step 0 / last", first_and_last("donating")),
     ("held-out unreadable, step 0 / last", first_and_last("unreadable")),
     ("train reward by step", lambda arm: ", ".join(fmt(t["reward"]) for t in arm["train"])),
     ("train unreadable by step", lambda arm: ", ".join(fmt(t["unreadable"]) for t in arm["train"])),
