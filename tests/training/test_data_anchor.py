@@ -94,8 +94,8 @@ def test_a_malformed_data_name_is_refused_in_one_line(anchored):
 
 
 def test_p4g_rl_trains_on_simulator_people_and_its_fitted_arm_needs_its_adapter():
-    """p4g_rl's arms check (the anchor on the simulator split); `fitted` is refused in one line while its
-    adapter (fitted on the simulator split by sft.py:fitted) is not there."""
+    """p4g_rl's arms check (the anchor on the simulator split); `fitted` checks with its committed adapter
+    (fitted on the simulator split by sft.py:fitted) and is refused in one line without one."""
     needs_data()
     for arm in ("frozen", "cotrain_data"):
         config = get_config(arm)
@@ -103,8 +103,10 @@ def test_p4g_rl_trains_on_simulator_people_and_its_fitted_arm_needs_its_adapter(
         check(config)
         assert config.env.train_split == "simulator" and config.train.eval_first
     config = get_config("fitted")
-    if pathlib.Path(config.sim.model.split("+", 1)[1]).is_dir():
-        pytest.skip("the fitted simulator is committed")
+    config.env.data_dir = str(DATA)
+    check(config)  # the committed adapter, fitted on the simulator split (its fitted_on.json)
+    base, adapter = config.sim.model.split("+", 1)
+    config.sim.model = f"{base}+{adapter}-missing"
     with pytest.raises(ConfigError, match="adapter folder does not exist") as error:
         check(config)
     assert "'sim.model'" in str(error.value)
