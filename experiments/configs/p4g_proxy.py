@@ -33,7 +33,7 @@ def get_config(arg: str = ""):
         config.fidelity.update(dialogues=4, samples=2, batch=8, max_turns=1, max_new_tokens=16)
     elif arg in ("committed", "rescore"):
         config.adapter = str(COMMITTED / "adapter")
-        config.transcripts = str(COMMITTED / "dialogues.jsonl") if arg == "rescore" else ""
+        config.transcripts = str(COMMITTED / "dialogues.jsonl.gz") if arg == "rescore" else ""
     elif arg == "references":
         config.fidelity.arms = ()
     elif arg:

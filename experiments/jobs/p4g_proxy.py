@@ -26,6 +26,7 @@ fitted on the judge split's people) are `envs.p4g_fidelity_stats`'. Outputs: fid
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import operator
@@ -60,7 +61,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.experiment = "p4g_proxy"
     c.data.train_split = "judge"
     c.adapter = ""  # a saved adapter folder to evaluate instead of training one
-    c.transcripts = ""  # a dialogues.jsonl of this job to score instead of playing
+    c.transcripts = ""  # a dialogues.jsonl (or .jsonl.gz) of this job to score instead of playing
     c.fidelity = ml_collections.ConfigDict({
         "arms": ARMS, "dialogues": 0, "samples": 4, "batch": 32, "max_turns": 4, "temperature": 1.0,
         "max_new_tokens": 40, "max_context": 2048, "distinct_n": 2})
@@ -239,7 +240,8 @@ def references(config, env: P4GEnv) -> tuple[np.ndarray, dict]:
 def scored_transcripts(path: pathlib.Path) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
     """({arm: donations [n, 1]}, own [n], the file's dialogue count) of a dialogues.jsonl: each participant's
     first dialogue of an arm, in the order of the file's first arm."""
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
+        records = [json.loads(line) for line in f]
     arms: dict[str, dict[str, tuple[float, float]]] = {}
     for r in records:
         found = (r["rewards"]["donation"], r["human_donation"])
