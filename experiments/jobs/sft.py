@@ -37,7 +37,8 @@ def summary_lines(config, trained: sft.Trained, run_dir: RunDir) -> list[str]:
              f"(length buckets), {len(data.train)} train and {len(data.eval)} held-out dialogues "
              f"(splits {config.data.train_split} / {config.data.eval_split}, at most {config.data.max_turns} "
              f"turns per role, views up to {config.data.max_length} tokens; left out as too long: "
-             f"{data.dropped_too_long}; personas without a dialogue: {data.skipped}).", "",
+             f"{data.dropped_too_long}; personas without a dialogue: {data.skipped}; the last reply's tokens "
+             f"weigh {config.train.last_reply_weight:g} in the train loss, 1 in the held-out NLL).", "",
              "| step | held-out NLL |", "|---|---|"]
     lines += [f"| {step} | {nll:.4f} |" for step, nll in evals]
     if steps:

@@ -9,7 +9,9 @@ trains on the tokens RL would. Train rows come from `data.train_split` and the h
 `data.eval_split`; a fitted simulator or judge (`purpose`) is fitted on its own split only
 (`user_dialogues.check_fit`). `data.train_dialogues` / `data.eval_dialogues` take that many of them (0:
 all), drawn by the seed. A view longer than `data.max_length` tokens is left out, counted
-(`dropped_too_long`).
+(`dropped_too_long`). `train.last_reply_weight` weighs the tokens of each train view's last reply (in P4G the
+closing answer with the real donation) that many times in the loss's token mean; the held-out NLL is
+unweighted.
 
 Training: `training.sft_step` (the masked next-token NLL of the role's replies, micro-batches, shardings,
 donation) on length buckets of `train.batch_size` rows, one bucket per step (`sft_data.Buckets`). The
@@ -41,7 +43,7 @@ from scope_jax.training.loss import LossConfig, nll_loss
 from scope_jax.training.optimizer import OptimizerConfig, make_optimizer
 from scope_jax.training.players import load_model
 from scope_jax.training.run_dir import RunDir
-from scope_jax.training.sft_data import Buckets, dialogue_view, token_batch
+from scope_jax.training.sft_data import Buckets, dialogue_view, token_batch, weight_last_reply
 from scope_jax.training.sft_step import SFTStepConfig, compile_sft_step, make_sft_step
 from scope_jax.training.train import CheckpointedLoop
 
@@ -61,7 +63,8 @@ def default_config() -> ml_collections.ConfigDict:
         "source": "p4g_human", "data_dir": "../shared/data/p4g", "max_turns": 10, "max_length": 1024,
         "train_split": "simulator", "eval_split": "eval", "train_dialogues": 0, "eval_dialogues": 0})
     c.train = ml_collections.ConfigDict({"steps": 100, "batch_size": 8, "microbatches": 1, "eval_every": 25,
-                                         "checkpoint_every": 25, "chunk_size": 128})
+                                         "checkpoint_every": 25, "chunk_size": 128,
+                                         "last_reply_weight": 1.0})
     c.optimizer = ml_collections.ConfigDict(dict(dataclasses.asdict(OptimizerConfig()), learning_rate=2e-5))
     # rank 0: no adapter, every parameter trains; format: the saved adapter's layout (models.lora.LAYOUTS);
     # base_model: peft's base_model_name_or_path in a peft-layout adapter ("": none)
@@ -79,6 +82,9 @@ def check(config: ml_collections.ConfigDict, purpose: str | None) -> None:
     for key in ("steps", "batch_size", "microbatches", "eval_every", "checkpoint_every"):
         if config.train[key] < 1:
             raise ConfigError(f"config key 'train.{key}' is {config.train[key]}; it must be at least 1")
+    if not config.train.last_reply_weight > 0:
+        raise ConfigError(f"config key 'train.last_reply_weight' is {config.train.last_reply_weight}; it must "
+                          "be positive")
     try:
         mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     except ValueError as e:
@@ -136,7 +142,8 @@ def dialogues(config) -> tuple[Environment, dict[str, list[Episode]], dict[str, 
 
 @dataclasses.dataclass
 class SFTData:
-    """The role's token views of the train and eval dialogues that fit `data.max_length`."""
+    """The role's token views of the train and eval dialogues that fit `data.max_length`; in the train
+    views the last reply's loss mask is `train.last_reply_weight` (`sft_data.weight_last_reply`)."""
 
     train: list[RoleView]
     eval: list[RoleView]
@@ -151,6 +158,7 @@ def prepare_data(config, tokenizer) -> SFTData:
         grown = [dialogue_view(env, e, config.role, tokenizer) for e in episodes]
         views[use] = [v for v in grown if len(v) <= config.data.max_length]
         dropped[use] = len(grown) - len(views[use])
+    views["train"] = [weight_last_reply(v, config.train.last_reply_weight) for v in views["train"]]
     return SFTData(views["train"], views["eval"], dropped, skipped)
 
 
@@ -208,7 +216,7 @@ def train_sft(config, run_dir: RunDir, purpose: str | None) -> Trained:
         metrics = jax.device_get(metrics)
         seconds = time.perf_counter() - began
         last = {"loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
-                "skipped": float(metrics["skipped"]), "tokens": float(batch.loss_mask.sum()),
+                "skipped": float(metrics["skipped"]), "tokens": float((batch.loss_mask > 0).sum()),
                 "padded_tokens": float(batch.tokens.size),
                 "tokens_per_s": batch.tokens.size / seconds, "time/step": seconds,
                 "epoch": step / len(buckets.buckets)}

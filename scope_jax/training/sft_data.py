@@ -55,6 +55,17 @@ def dialogue_view(env: Environment, episode: Episode, role: str,
     return view
 
 
+def weight_last_reply(view: RoleView, weight: float) -> RoleView:
+    """`view` with the loss mask of its last reply (the tokens after its last prompt) times `weight`: in
+    P4G the persuadee's last reply is its answer to the closing question. The SFT loss is a token mean
+    weighted by the mask, so this reply's tokens count `weight` times."""
+    if not view.prompt_lengths:
+        raise ValueError("a view without a reply has no last reply to weight")
+    last = view.prompt_lengths[-1]
+    mask = view.loss_mask[:last] + [m * weight for m in view.loss_mask[last:]]
+    return dataclasses.replace(view, loss_mask=mask)
+
+
 def token_batch(views: Sequence[RoleView], pad_id: int, length: int | None = None) -> TokenBatch:
     """The views [N] right-padded as the RL batch pads them (`batch.role_batch`, to `length` or the
     default padded length), as a TokenBatch."""

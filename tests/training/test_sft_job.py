@@ -1,16 +1,23 @@
 """The SFT job end to end with a tiny model on a few P4G human dialogues: it lowers the held-out NLL, a run
-stopped after a checkpoint resumes to the same metrics, and bad data settings stop it in one line."""
+stopped after a checkpoint resumes to the same metrics, bad data settings stop it in one line, and the
+last-reply weight lands on the closing answer of the train views only."""
 
 import json
 import pathlib
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from experiments.jobs import sft
 from experiments.run import prepare
 from scope_jax.config import ConfigError
+from scope_jax.dialogue.episode import SIM
 from scope_jax.models import lora
+from scope_jax.training import sft as train_sft
 from scope_jax.training.checkpoint import Checkpointer
+from scope_jax.training.loss import aggregation_weights
+from scope_jax.training.players import load_model
 from scope_jax.training.run_dir import RunDir
 
 DATA = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "data" / "p4g"
@@ -81,4 +88,25 @@ def test_missing_data_file_and_bad_split_are_one_line_config_errors(tmp_path):
     config.data.eval_split = "test"
     splits = "train, judge, simulator, eval, all"
     with pytest.raises(ConfigError, match=rf"data.eval_split is 'test'; one of {splits}$"):
+        prepare(config)
+
+
+def test_the_last_reply_weight_lands_on_the_closing_answer_of_the_train_views_only():
+    config = tiny_config(last_reply_weight=5.0)
+    tokenizer = load_model(config.model)[2]
+    data = train_sft.prepare_data(config, tokenizer)
+    episodes = train_sft.dialogues(config)[1]
+    assert data.dropped_too_long == {"train": 0, "eval": 0}
+    for view, episode in zip(data.train, episodes["train"]):
+        mask = np.asarray(view.loss_mask)
+        weighted = [i for i, m in zip(view.ids, mask) if m == 5.0]
+        closing = episode.messages[-1]
+        assert closing.role == SIM and "$" in closing.text  # p4g_human's closing answer
+        assert weighted == [*tokenizer(closing.text, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+        assert set(np.unique(mask)) == {0.0, 1.0, 5.0}
+        weights = np.asarray(aggregation_weights(jnp.asarray(mask[None]), "token_mean"))[0]
+        np.testing.assert_allclose(weights, mask / mask.sum(), rtol=1e-6)  # a weighted token mean
+    assert all(set(v.loss_mask) == {0.0, 1.0} for v in data.eval)
+    config.train.last_reply_weight = 0.0
+    with pytest.raises(ConfigError, match=r"^config key 'train.last_reply_weight' is 0.0; it must be positive$"):
         prepare(config)
