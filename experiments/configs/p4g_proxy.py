@@ -7,12 +7,17 @@ the human floors and the traits-only ceiling.
     python -m experiments.run --config=experiments/configs/p4g_proxy.py:committed  # the committed adapter's
                                                                                   # table, no training
     python -m experiments.run --config=experiments/configs/p4g_proxy.py:rescore    # the committed dialogues,
-                                                                                  # scored, no model
+                                                                                  # scored, no model: the
+                                                                                  # committed table
+    python -m experiments.run --config=experiments/configs/p4g_proxy.py:replay     # the committed adapter's
+                                                                                  # first batch of dialogues
     python -m experiments.run --config=experiments/configs/p4g_proxy.py:references # floors, ceiling, no model
 
 The judge is fitted on the judge split of the people only (no training simulator shares a person with
 it; docs/p4g.md), with the recipe of `sft.lora_persuadee` (docs/sft.md has the measurements), then played
-on every held-out participant with a valid donation, `fidelity.samples` dialogues each.
+on every held-out participant with a valid donation, `fidelity.samples` dialogues each. `replay` plays the
+committed proxy on the first `fidelity.batch` participants once: the first batch of the committed run, so
+its dialogues.jsonl equals the first lines of the committed proxy dialogues (docs/p4g.md shows the check).
 """
 
 import pathlib
@@ -31,12 +36,14 @@ def get_config(arg: str = ""):
         config.data.update(max_turns=2, train_dialogues=8, eval_dialogues=4)
         config.train.update(steps=2, batch_size=2, eval_every=2, checkpoint_every=2)
         config.fidelity.update(dialogues=4, samples=2, batch=8, max_turns=1, max_new_tokens=16)
-    elif arg in ("committed", "rescore"):
+    elif arg in ("committed", "rescore", "replay"):
         config.adapter = str(COMMITTED / "adapter")
         config.transcripts = str(COMMITTED / "dialogues.jsonl.gz") if arg == "rescore" else ""
+        if arg == "replay":
+            config.fidelity.update(arms=("proxy",), dialogues=config.fidelity.batch, samples=1)
     elif arg == "references":
         config.fidelity.arms = ()
     elif arg:
-        raise ValueError(f"unknown argument {arg!r}; use nothing, 'quick', 'committed', 'rescore' or "
-                         "'references'")
+        raise ValueError(f"unknown argument {arg!r}; use nothing, 'quick', 'committed', 'rescore', 'replay' "
+                         "or 'references'")
     return config

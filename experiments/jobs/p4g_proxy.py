@@ -8,8 +8,8 @@ there is no training: the proxy is `model` + that adapter; fidelity.json records
 
 Fidelity cases: every held-out participant (the environment's "eval" split) with a valid donation, once,
 in the human dialogue of their first row with one (file order), if it has at least `fidelity.max_turns`
-persuader turns (the others are counted as left out); `fidelity.dialogues` > 0 takes that many, drawn by
-the seed. Each arm plays every case `fidelity.samples` times at `fidelity.temperature` against the
+persuader turns (the others are counted as left out); `fidelity.dialogues` = D > 0 takes the first D of them
+(with one sample and D = `fidelity.batch`, exactly the first batch a full run plays: `:replay`). Each arm plays every case `fidelity.samples` times at `fidelity.temperature` against the
 participant's own human persuader, whose turns are replayed as written (`fidelity.max_turns`, then the
 environment's closing question if no amount was stated):
 
@@ -17,8 +17,8 @@ environment's closing question if no amount was stated):
   proxy     the fine-tuned model
 
 Both arms use the same cases, persuader turns and sampling keys. With `transcripts` set to a
-dialogues.jsonl of this job, nothing is played: its arms are scored (a participant's first dialogue in
-the file counts); with `fidelity.arms` empty, only the references are written. The statistics, their
+dialogues.jsonl of this job, nothing is played: its arms are scored (all of a participant's dialogues,
+as the run that wrote them scored them); with `fidelity.arms` empty, only the references are written. The statistics, their
 bootstrap intervals over participants, the human floors and the traits-only ceiling (a ridge regression
 fitted on the judge split's people) are `envs.p4g_fidelity_stats`'. Outputs: fidelity.json, fidelity.md
 (the table), figures/donations.png, dialogues.jsonl, and summary.md.
@@ -98,14 +98,11 @@ def heldout_cases(config) -> tuple[P4GEnv, list[Episode], dict[str, int]]:
                                                < config.fidelity.max_turns for p in people)}
     cases = [dialogues[p] for p in people
              if p in dialogues and dialogues[p].turns_taken.get(AGENT, 0) == config.fidelity.max_turns]
-    if config.fidelity.dialogues:
-        if len(cases) < config.fidelity.dialogues:
-            raise ConfigError(f"config key 'fidelity.dialogues' is {config.fidelity.dialogues}, but only "
-                              f"{len(cases)} held-out participants have a dialogue of "
-                              f"{config.fidelity.max_turns} persuader turns")
-        rng = np.random.default_rng([config.seed, 3])
-        cases = [cases[i] for i in sorted(rng.choice(len(cases), config.fidelity.dialogues, replace=False))]
-    return env, cases, left_out
+    if len(cases) < config.fidelity.dialogues:
+        raise ConfigError(f"config key 'fidelity.dialogues' is {config.fidelity.dialogues}, but only "
+                          f"{len(cases)} held-out participants have a dialogue of "
+                          f"{config.fidelity.max_turns} persuader turns")
+    return env, cases[:config.fidelity.dialogues or None], left_out
 
 
 def human_persuader(cases: list[Episode]) -> ScriptedSpeaker:
@@ -114,14 +111,16 @@ def human_persuader(cases: list[Episode]) -> ScriptedSpeaker:
     return ScriptedSpeaker(lambda episode: turns[episode.scenario][episode.turns_taken.get(AGENT, 0)])
 
 
-def play_arm(env: P4GEnv, cases: list[Episode], persuadee: Player, config) -> list[Episode]:
+def play_arm(env: P4GEnv, cases: list[Episode], persuadee: Player, config, arm: str) -> list[Episode]:
     """`fidelity.samples` dialogues per case (sample-major), `fidelity.batch` at a time; chunk c uses the same
-    key in every arm."""
+    key in every arm, so the first D cases at one sample (`fidelity.dialogues` = D = `fidelity.batch`)
+    replay the first chunk of a run on all of them."""
     episodes = [Episode(case.scenario, group=i) for _ in range(config.fidelity.samples)
                 for i, case in enumerate(cases)]
     speakers = {AGENT: human_persuader(cases), SIM: ModelSpeaker(persuadee)}
     key = jax.random.key(config.seed)
-    for c, start in enumerate(range(0, len(episodes), config.fidelity.batch)):
+    starts = range(0, len(episodes), config.fidelity.batch)
+    for c, start in RunDir.progress(enumerate(starts), desc=f"fidelity {arm}", total=len(starts)):
         rollout(env, episodes[start:start + config.fidelity.batch], speakers, jax.random.fold_in(key, c))
     return episodes
 
@@ -238,17 +237,24 @@ def references(config, env: P4GEnv) -> tuple[np.ndarray, dict]:
 
 
 def scored_transcripts(path: pathlib.Path) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
-    """({arm: donations [n, 1]}, own [n], the file's dialogue count) of a dialogues.jsonl: each participant's
-    first dialogue of an arm, in the order of the file's first arm."""
+    """({arm: donations [n, k]}, own [n], the file's dialogue count) of a dialogues.jsonl: every dialogue of
+    each participant, in file order (this job writes them sample-major, so [:, j] is sample j); people in the
+    order of the file's first arm. ValueError if an arm has other people, or not k dialogues of each."""
     with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
         records = [json.loads(line) for line in f]
-    arms: dict[str, dict[str, tuple[float, float]]] = {}
+    arms: dict[str, dict[str, list[float]]] = {}
+    own: dict[str, float] = {}
     for r in records:
-        found = (r["rewards"]["donation"], r["human_donation"])
-        arms.setdefault(r["arm"], {}).setdefault(r["scenario"], found)
+        arms.setdefault(r["arm"], {}).setdefault(r["scenario"], []).append(r["rewards"]["donation"])
+        own.setdefault(r["scenario"], r["human_donation"])
     people = list(next(iter(arms.values())))
-    own = np.array([next(iter(arms.values()))[p][1] for p in people])
-    return {arm: np.array([[found[p][0]] for p in people]) for arm, found in arms.items()}, own, len(records)
+    for arm, found in arms.items():
+        counts = {len(d) for d in found.values()}
+        if set(found) != set(people) or len(counts) != 1:
+            raise ValueError(f"{path.name}: arm {arm!r} does not hold the same number of dialogues of the "
+                             f"same {len(people)} participants as the first arm")
+    return ({arm: np.array([found[p] for p in people]) for arm, found in arms.items()},
+            np.array([own[p] for p in people]), len(records))
 
 
 def evaluate(config, run_dir: RunDir, played: dict[str, tuple] | None, adapter: pathlib.Path | None) -> dict:
@@ -257,20 +263,22 @@ def evaluate(config, run_dir: RunDir, played: dict[str, tuple] | None, adapter: 
     env, cases, left_out = heldout_cases(config)
     others, ceiling = references(config, env)
     if config.transcripts:
-        arms, own, count = scored_transcripts(pathlib.Path(config.transcripts))
-        about = (f"Scored from the {count} dialogues of {pathlib.Path(config.transcripts).name}: each "
-                 "participant's first dialogue there counts once.")
+        try:
+            arms, own, count = scored_transcripts(pathlib.Path(config.transcripts))
+        except ValueError as error:
+            raise ConfigError(f"config key 'transcripts': {error}") from None
+        about = (f"Scored from the {count} dialogues of {pathlib.Path(config.transcripts).name}, each "
+                 f"participant once with all of their dialogues; left out: {left_out}.")
     else:
         own = np.array([case.scenario.donation for case in cases])
         arms, transcripts = {}, []
         for arm, (graphdef, params, tokenizer) in (played or {}).items():
-            print(f"fidelity: {arm}", flush=True)
             sampling = SamplingConfig(temperature=config.fidelity.temperature,
                                       max_new_tokens=config.fidelity.max_new_tokens,
                                       stop_token_ids=(tokenizer.eos_token_id,),
                                       pad_token_id=tokenizer.pad_token_id or 0)
             player = Player(graphdef, params, tokenizer, sampling, config.fidelity.max_context)
-            episodes = play_arm(env, cases, player, config)
+            episodes = play_arm(env, cases, player, config, arm)
             arms[arm] = np.array([e.rewards["donation"] for e in episodes]).reshape(-1, len(cases)).T
             transcripts += [dict(transcript(env, e), arm=arm, human_donation=e.scenario.donation)
                             for e in episodes]

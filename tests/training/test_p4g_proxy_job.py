@@ -94,6 +94,36 @@ def test_the_committed_table_is_its_records_and_names_the_committed_adapter():
     assert p4g_proxy.adapter_sha256(COMMITTED / "adapter") == results["adapter_sha256"]
 
 
+def test_the_committed_dialogues_rescored_give_the_committed_table(tmp_path):
+    """p4g_proxy.py:rescore: the committed table is a function of the committed dialogues (every dialogue of
+    each participant), with no model."""
+    if not (DATA / "FullData" / "full_dialog.csv").exists():
+        pytest.skip(f"P4G data folder absent ({DATA})")
+    from experiments.configs.p4g_proxy import get_config
+
+    config = get_config("rescore")
+    config.data.data_dir = str(DATA)
+    with RunDir.create(tmp_path / "rescored", config) as run_dir:
+        p4g_proxy.run(config, run_dir)
+    committed = json.loads((COMMITTED / "fidelity.json").read_text())
+    rescored = json.loads((tmp_path / "rescored" / "fidelity.json").read_text())
+    assert [k for k in committed if committed[k] != rescored[k]] == ["cases"]
+    assert rescored["arms"]["proxy"]["samples"] == 4
+
+
+def test_transcripts_with_uneven_dialogues_are_refused_in_one_line(tmp_path):
+    lines = [json.dumps({"arm": arm, "scenario": person, "human_donation": 0.5, "rewards": {"donation": 1.0}})
+             for arm, person in (("prompted", "a"), ("prompted", "b"), ("proxy", "a"), ("proxy", "a"))]
+    path = tmp_path / "dialogues.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"^dialogues.jsonl: arm 'proxy' does not hold the same number of "
+                                         r"dialogues of the same 2 participants as the first arm$"):
+        p4g_proxy.scored_transcripts(path)
+    path.write_text("\n".join(lines[:3] + [lines[2].replace('"a"', '"b"')]) + "\n")
+    arms, own, count = p4g_proxy.scored_transcripts(path)
+    assert arms["proxy"].shape == (2, 1) and own.tolist() == [0.5, 0.5] and count == 4
+
+
 def test_the_committed_references_are_their_records_and_what_the_data_gives():
     """The human floors and the traits-only ceiling need no model: recomputed from the data, they equal the
     committed ones (p4g_proxy.py:references)."""
