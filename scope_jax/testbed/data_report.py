@@ -15,9 +15,9 @@ import numpy as np
 from scope_jax.testbed.arms import Arm
 from scope_jax.testbed.experiment import Results
 from scope_jax.testbed.figures import plt
-from scope_jax.testbed.prose import _table, fmt, signed
+from scope_jax.testbed.prose import table_lines, fmt, signed
 from scope_jax.testbed.report import Section
-from scope_jax.testbed.statistics import _pair, _stat, direction
+from scope_jax.testbed.statistics import mean_ci, seed_stat, direction
 
 ANCHOR_RULE = ("the smallest data weight whose co-trained simulator ends with an NLL on the held-out tenth "
                "of the N dialogues (mean over seeds) within {tolerance:.0%} of the fitted simulator's; the "
@@ -50,7 +50,7 @@ def curve(summary: dict[str, Any], points: dict[str, dict], tolerance: float) ->
             "arms": names, "data_coef": points[chosen]["data_coef"],
             "heldout_value": {k: arms[name]["heldout_value"] for k, name in names.items()},
             "data_nll": {k: arms[name]["data_nll"] for k, name in names.items()},
-            "vs_fitted": {k: _stat(np.asarray(arms[name]["heldout_value"]["seeds"]) - fitted)
+            "vs_fitted": {k: seed_stat(np.asarray(arms[name]["heldout_value"]["seeds"]) - fitted)
                           for k, name in names.items() if k != "fitted"},
         }
     controls = {c: arms[c]["heldout_value"] for c in ("frozen", "frozen_base") if c in arms}
@@ -65,7 +65,7 @@ def figure(data: dict[str, Any], labels: dict[str, str], kinds: dict[str, str] =
     sizes = np.asarray(data["sizes"], float)
     for (name, style), color in zip((("frozen", "--"), ("frozen_base", "-.")), ("tab:red", "k")):
         if name in data["controls"]:
-            mean, hw = _pair(data["controls"][name])
+            mean, hw = mean_ci(data["controls"][name])
             end = "0" if name == "frozen" else "∞"
             ax.axhline(mean, color=color, ls=style, lw=1.2, label=f"{labels[name]} (N = {end})")
             ax.axhspan(mean - hw, mean + hw, color=color, alpha=0.08, lw=0)
@@ -92,10 +92,11 @@ def table(data: dict[str, Any], kinds: dict[str, str] = KINDS) -> list[str]:
         row = data["by_n"][str(n)]
         for kind, label in kinds.items():
             name = label + (f" (weight {row['data_coef']:g})" if kind.endswith("_data") else "")
-            delta = fmt(_pair(row["vs_fitted"][kind])) if kind in row["vs_fitted"] else "-"
-            rows.append([str(n), name, fmt(_pair(row["heldout_value"][kind])), delta,
-                         fmt(_pair(row["data_nll"][kind]))])
-    return _table(["N", "arm", "held-out value", "Δ vs fitted (paired)", "held-out NLL of the data"], rows)
+            delta = fmt(mean_ci(row["vs_fitted"][kind])) if kind in row["vs_fitted"] else "-"
+            rows.append([str(n), name, fmt(mean_ci(row["heldout_value"][kind])), delta,
+                         fmt(mean_ci(row["data_nll"][kind]))])
+    return table_lines(["N", "arm", "held-out value", "Δ vs fitted (paired)", "held-out NLL of the data"],
+                       rows)
 
 
 def sentences(data: dict[str, Any]) -> list[str]:

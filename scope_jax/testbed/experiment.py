@@ -41,8 +41,9 @@ from scope_jax.testbed.fitting import POPULATION, Fitter, fit_to_data, tempered
 from scope_jax.testbed.gradients import GradientPanel
 from scope_jax.testbed.pretrain import Pretrained, PretrainConfig, model_config, pretrain
 from scope_jax.testbed.rl import RLConfig, arm_inputs, make_runner
-from scope_jax.testbed.tabulation import Tables, Tabulator, leaves_at, pretraining_diagnostics, tabulate
+from scope_jax.testbed.tabulation import Tables, Tabulator, pretraining_diagnostics, tabulate
 from scope_jax.training.run_dir import RunDir
+from scope_jax.training.state import leaves_at
 
 PRETRAINED = "pretrained.msgpack"
 FITTED = "fitted.msgpack"

@@ -47,7 +47,7 @@ from scope_jax.models import decoder
 from scope_jax.models.decoder import Params
 from scope_jax.models.tiny import tiny_config
 from scope_jax.testbed.progress import Ticker
-from scope_jax.training.state import stack_population
+from scope_jax.training.state import leaves_at, stack_population
 
 PERSONA_TABLES = np.stack([personas.persona_simulator(p) for p in range(len(personas.PERSONAS))])
 UNIFORM = np.full(personas.N_STRATEGIES, 1.0 / personas.N_STRATEGIES)
@@ -256,10 +256,6 @@ def _inits(config: PretrainConfig, seeds: Sequence[int]) -> Params:
     return stack_population([init_model(config, s) for s in seeds])
 
 
-def _index(tree, i):
-    return jax.tree.map(lambda x: x[i], tree)
-
-
 def agent_data(config: PretrainConfig, seed: Sequence[int], steps: int) -> Dataset:
     """Population dialogues of the P4G policy, loss on the agent's acts, batched per step."""
     rng = np.random.default_rng(seed)
@@ -329,10 +325,11 @@ def pretrain(config: PretrainConfig, seeds: Sequence[int], collapse_personas: Se
     # replies, and the model learns to state its own pre-alignment no-card replies when asked to verbalize.
     tabulate = jax.jit(lm.sim_reply_table, static_argnums=0)
     read = lambda params, card: np.asarray(tabulate(graphdef, params, card), np.float64)
-    card_tables = [{p: read(_index(base, r), lm.card_token(p)) for p in collapse_personas} for r in range(R)]
+    card_tables = [{p: read(leaves_at(base, r), lm.card_token(p)) for p in collapse_personas}
+                   for r in range(R)]
     datasets = []
     for r, seed in enumerate(seeds):
-        vs = verbalization_data(config, [seed, 3], read(_index(base, r), lm.NO_CARD))
+        vs = verbalization_data(config, [seed, 3], read(leaves_at(base, r), lm.NO_CARD))
         datasets += [(collapse_data(config, [seed, 3, p], card_tables[r][p], config.collapse_steps), vs)
                      for p in collapse_personas]
     collapsed, collapse_losses = sft(jax.tree.map(lambda x: jnp.repeat(x, C, axis=0), base), _stack(datasets),

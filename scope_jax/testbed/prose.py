@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from scope_jax.testbed.arms import CONTROLS
-from scope_jax.testbed.statistics import _pair, direction
+from scope_jax.testbed.statistics import mean_ci, direction
 
 
 def fmt(mean_hw: tuple[float, float], digits: int = 3) -> str:
@@ -22,11 +22,12 @@ def fmt(mean_hw: tuple[float, float], digits: int = 3) -> str:
 
 
 def signed(stat: dict[str, Any]) -> str:
-    mean, hw = _pair(stat)
+    mean, hw = mean_ci(stat)
     return f"{mean:+.3f}" + ("" if math.isnan(hw) else f" ± {hw:.3f}")
 
 
-def _label(summary, name):
+def arm_label(summary, name):
+    """The arm's name as the report prints it."""
     return summary["labels"][name]
 
 
@@ -38,7 +39,7 @@ def collapse_sentence(summary: dict[str, Any]) -> str | None:
     s = (f"Against the frozen collapsed simulator the training reward went from "
          f"{f['initial/step/reward']['mean']:.3f} (first {summary['rl']['eval_every']} steps) to "
          f"{f['step/reward']['mean']:.3f} (last {summary['rl']['eval_every']}), and held-out value ended at "
-         f"{fmt(_pair(f['heldout_value']))}")
+         f"{fmt(mean_ci(f['heldout_value']))}")
     if "untrained" in deltas:
         d = deltas["untrained"]["frozen"]["heldout_value"]
         below = sum(x < 0 for x in d["seeds"])
@@ -55,9 +56,9 @@ def comparison_sentences(summary: dict[str, Any]) -> list[str]:
         if name in ("untrained", "frozen"):
             continue
         against = {c: deltas[c][name]["heldout_value"] for c in CONTROLS if c in deltas and name in deltas[c]}
-        parts = [f"{signed(d)} vs the {_label(summary, c)} ({direction(d)})" for c, d in against.items()]
+        parts = [f"{signed(d)} vs the {arm_label(summary, c)} ({direction(d)})" for c, d in against.items()]
         if parts:
-            lines.append(f"**{_label(summary, name)}**: held-out value {'; '.join(parts)}.")
+            lines.append(f"**{arm_label(summary, name)}**: held-out value {'; '.join(parts)}.")
     return lines
 
 
@@ -70,7 +71,7 @@ def panel_sentence(summary: dict[str, Any], name: str = "frozen") -> str | None:
     held = (direction(mode, "rose", "fell") == "rose") and (direction(pop, "rose", "fell") == "fell")
     path = lambda key, n=3: f"{arm['initial/' + key]['mean']:.{n}f} to {arm[key]['mean']:.{n}f}"
     ratio = lambda at: f"{arm[at + 'grad_dist_mode']['mean'] / arm[at + 'sim_deviation']['mean']:.2f}"
-    return (f"Gradient panel, {_label(summary, name)}: cos(g_train, g_mode) went from "
+    return (f"Gradient panel, {arm_label(summary, name)}: cos(g_train, g_mode) went from "
             f"{path('grad_cos_mode')} "
             f"(change {signed(mode)}, {direction(mode, 'rose', 'fell')}), cos(g_train, g_population) from "
             f"{path('grad_cos_population')} (change {signed(pop)}, {direction(pop, 'rose', 'fell')}), "
@@ -85,7 +86,7 @@ def panel_sentence(summary: dict[str, Any], name: str = "frozen") -> str | None:
 def ceiling_sentence(summary: dict[str, Any]) -> str:
     arms, pre = summary["arms"], summary["pretraining"]
     best = max(arms, key=lambda a: arms[a]["heldout_value"]["mean"])
-    return (f"The best arm, {_label(summary, best)}, ends at {arms[best]['heldout_value']['mean']:.3f} "
+    return (f"The best arm, {arm_label(summary, best)}, ends at {arms[best]['heldout_value']['mean']:.3f} "
             f"held-out value; the adaptive ceiling is {summary['references']['best adaptive']['value']:.3f} "
             f"and the "
             f"population value of the best response to the base transformer simulator "
@@ -98,8 +99,8 @@ def sweep_sentence(summary: dict[str, Any]) -> str | None:
     if choice is None:
         return None
     arm, d = summary["arms"][choice], summary["deltas"].get("frozen", {}).get(choice)
-    s = (f"Sweep: the rule chooses {_label(summary, choice)} (final simulator deviation "
-         f"{fmt(_pair(arm['sim_deviation']))}); its held-out value is {fmt(_pair(arm['heldout_value']))}")
+    s = (f"Sweep: the rule chooses {arm_label(summary, choice)} (final simulator deviation "
+         f"{fmt(mean_ci(arm['sim_deviation']))}); its held-out value is {fmt(mean_ci(arm['heldout_value']))}")
     return s + (f", {signed(d['heldout_value'])} vs the frozen collapsed simulator "
                 f"({direction(d['heldout_value'])})." if d else ".")
 
@@ -112,14 +113,14 @@ def findings(summary: dict[str, Any]) -> list[str]:
 
 
 ARM_COLUMNS = (  # (label, key in the arm's finals, formatter)
-    ("train reward", "step/reward", lambda s: fmt(_pair(s))),
-    ("held-out value", "heldout_value", lambda s: fmt(_pair(s))),
-    ("held-out success", "heldout_success", lambda s: fmt(_pair(s))),
+    ("train reward", "step/reward", lambda s: fmt(mean_ci(s))),
+    ("held-out value", "heldout_value", lambda s: fmt(mean_ci(s))),
+    ("held-out success", "heldout_success", lambda s: fmt(mean_ci(s))),
     ("donation $", "heldout_donation", lambda s: f"${s['mean']:.3f}"),
-    ("held-out sims value", "heldout_sims_value", lambda s: fmt(_pair(s))),
+    ("held-out sims value", "heldout_sims_value", lambda s: fmt(mean_ci(s))),
     ("token entropy", "step/agent_entropy", lambda s: f"{s['mean']:.2f}"),
     ("off-sim entropy", "entropy_off_sim", lambda s: f"{s['mean']:.2f}"),
-    ("sim deviation", "sim_deviation", lambda s: fmt(_pair(s))),
+    ("sim deviation", "sim_deviation", lambda s: fmt(mean_ci(s))),
     ("sim KL to start", "sim_kl_to_start", lambda s: f"{s['mean']:.3f}"),
     ("sim-side variance", "sim_side_variance", lambda s: f"{s['mean']:.4f}"),
     ("zero-var groups", "step/zero_variance_groups", lambda s: f"{s['mean']:.2f}"),
@@ -128,7 +129,8 @@ DELTA_COLUMNS = (("Δ held-out value", "heldout_value"), ("Δ success", "heldout
                  ("Δ held-out sims value", "heldout_sims_value"), ("Δ off-sim entropy", "entropy_off_sim"))
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+def table_lines(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table's lines."""
     row = lambda cells: "| " + " | ".join(cells) + " |"
     return [row(header), "|" + "---|" * len(header)] + [row(r) for r in rows]
 
@@ -139,15 +141,15 @@ def arms_table(summary: dict[str, Any], columns=ARM_COLUMNS, names=None) -> list
     for name in names or summary["arms"]:
         arm = summary["arms"][name]
         key_of = lambda k: k if k in arm else {"step/reward": "train_value"}.get(k, k)
-        rows.append([_label(summary, name)] + [fmt_(arm[key_of(k)]) if key_of(k) in arm else "-"
+        rows.append([arm_label(summary, name)] + [fmt_(arm[key_of(k)]) if key_of(k) in arm else "-"
                                                for _, k, fmt_ in columns])
-    return _table(["arm"] + [c for c, _, _ in columns], rows)
+    return table_lines(["arm"] + [c for c, _, _ in columns], rows)
 
 
 def deltas_table(summary: dict[str, Any], control: str) -> list[str]:
-    rows = [[_label(summary, name)] + [fmt(_pair(d[k])) for _, k in DELTA_COLUMNS]
+    rows = [[arm_label(summary, name)] + [fmt(mean_ci(d[k])) for _, k in DELTA_COLUMNS]
             for name, d in summary["deltas"].get(control, {}).items()]
-    return _table(["arm"] + [c for c, _ in DELTA_COLUMNS], rows)
+    return table_lines(["arm"] + [c for c, _ in DELTA_COLUMNS], rows)
 
 
 def sweep_table(summary: dict[str, Any]) -> list[str]:
@@ -156,11 +158,11 @@ def sweep_table(summary: dict[str, Any]) -> list[str]:
     for name, point in summary["sweep"].items():
         arm, d = summary["arms"][name], summary["deltas"].get("frozen", {}).get(name)
         rows.append([f"{point['kl']:g}", f"{point['lr']:g}", point["objective"],
-                     fmt(_pair(arm["heldout_value"])), fmt(_pair(d["heldout_value"])) if d else "-",
-                     fmt(_pair(arm["step/reward"])),
-                     fmt(_pair(arm["sim_deviation"])), fmt(_pair(arm["sim_kl_to_start"])),
+                     fmt(mean_ci(arm["heldout_value"])), fmt(mean_ci(d["heldout_value"])) if d else "-",
+                     fmt(mean_ci(arm["step/reward"])),
+                     fmt(mean_ci(arm["sim_deviation"])), fmt(mean_ci(arm["sim_kl_to_start"])),
                      "chosen" if name == summary["sweep_choice"] else ""])
-    return _table(["KL", "sim lr", "objective", "held-out value", "Δ vs frozen", "train reward",
+    return table_lines(["KL", "sim lr", "objective", "held-out value", "Δ vs frozen", "train reward",
                    "sim deviation (rule)", "sim KL to start", ""], rows)
 
 

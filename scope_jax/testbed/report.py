@@ -13,9 +13,9 @@ from scope_jax.testbed.arms import CONTROLS, MODES
 from scope_jax.testbed.experiment import Results
 from scope_jax.testbed.figures import EVAL_METRICS, STEP_METRICS, gradient_figure, main_figure, metric_figure
 from scope_jax.testbed.gradients import GradientPanel
-from scope_jax.testbed.prose import (PRETRAINING_ROWS, _label, _table, arms_table, construction_paragraph,
-                                     deltas_table, findings, fmt, sweep_table)
-from scope_jax.testbed.statistics import SWEEP_RULE, _pair, summarize
+from scope_jax.testbed.prose import (PRETRAINING_ROWS, arm_label, arms_table, construction_paragraph,
+                                     deltas_table, findings, fmt, sweep_table, table_lines)
+from scope_jax.testbed.statistics import SWEEP_RULE, mean_ci, summarize
 from scope_jax.training.run_dir import RunDir
 
 
@@ -60,10 +60,10 @@ def markdown(results: Results, summary: dict[str, Any], sections: Sequence[Secti
     ]
     for control in CONTROLS:
         if control in summary["deltas"]:
-            lines += [f"## Against the {_label(summary, control)} (paired by seed)", "",
+            lines += [f"## Against the {arm_label(summary, control)} (paired by seed)", "",
                       *deltas_table(summary, control), ""]
-    panel_columns = tuple((EVAL_METRICS[k], k, lambda s: fmt(_pair(s))) for k in GradientPanel.KEYS) + (
-        ("sim deviation", "sim_deviation", lambda s: fmt(_pair(s))),)
+    panel_columns = tuple((EVAL_METRICS[k], k, lambda s: fmt(mean_ci(s))) for k in GradientPanel.KEYS) + (
+        ("sim deviation", "sim_deviation", lambda s: fmt(mean_ci(s))),)
     lines += ["## Gradient panel at the end (Theorem 3.2)", "",
               *arms_table(summary, panel_columns, [a for a in summary["arms"] if a != "untrained"]), ""]
     if summary["sweep"]:
@@ -73,7 +73,7 @@ def markdown(results: Results, summary: dict[str, Any], sections: Sequence[Secti
     for section in sections:
         if section.key in summary:
             lines += section.markdown(summary[section.key])
-    lines += ["## Exact values on the population", "", *_table(
+    lines += ["## Exact values on the population", "", *table_lines(
         ["policy", "value", "donation", "success"],
         [[name, f"{r['value']:.4f}", f"${r['donation']:.3f}", f"{r['success']:.4f}"]
          for name, r in summary["references"].items()]), ""]
@@ -82,12 +82,12 @@ def markdown(results: Results, summary: dict[str, Any], sections: Sequence[Secti
               f"deviation", f"{x['tv_to_own_population']:.3f}, {x['deviation']:.3f}"]
              for h, x in enumerate(pre["heldout"])]
     lines += ["## Simulators after pretraining (on-policy with the pretrained agent, exact)", "",
-              *_table(["quantity", "value"], rows), ""]
+              *table_lines(["quantity", "value"], rows), ""]
     missing = [m for m in MODES if m not in summary["modes"].values()]
     if missing:
         lines += [f"Modes not run in this configuration: {', '.join(missing)}.", ""]
     seconds = [[k, f"{v:.1f}"] for k, v in results.seconds.items()]
-    lines += ["## Wall time (s)", "", *_table(["phase", "seconds"], seconds), "",
+    lines += ["## Wall time (s)", "", *table_lines(["phase", "seconds"], seconds), "",
               "Per-metric figures: `figures/metric_*.png`; every curve point per seed: `metrics.jsonl`."]
     return "\n".join(lines)
 

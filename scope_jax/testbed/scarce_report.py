@@ -15,9 +15,9 @@ import numpy as np
 
 from scope_jax.testbed import data_report
 from scope_jax.testbed.experiment import Results
-from scope_jax.testbed.prose import _table, fmt, signed
+from scope_jax.testbed.prose import table_lines, fmt, signed
 from scope_jax.testbed.report import Section
-from scope_jax.testbed.statistics import _pair, _stat, direction
+from scope_jax.testbed.statistics import mean_ci, seed_stat, direction
 
 KINDS = {"fitted": "fitted", "calibrated": "fitted, calibrated",
          "fitted_population": "fitted population (P=4)", "regret_data": "regret + data",
@@ -42,7 +42,7 @@ def curve(summary: dict[str, Any], sizes: list[int], data_coef: float) -> dict[s
         fitted = np.asarray(arms[names["fitted"]]["heldout_value"]["seeds"])
         rows[str(n)] = {"arms": names,
                         **{m: {k: arms[name][m] for k, name in names.items()} for m in METRICS},
-                        "vs_fitted": {k: _stat(np.asarray(arms[name]["heldout_value"]["seeds"]) - fitted)
+                        "vs_fitted": {k: seed_stat(np.asarray(arms[name]["heldout_value"]["seeds"]) - fitted)
                                       for k, name in names.items() if k != "fitted"},
                         "data_coef": data_coef}
     controls = {c: arms[c]["heldout_value"] for c in ("frozen", "frozen_base") if c in arms}
@@ -57,7 +57,7 @@ def sentences(data: dict[str, Any]) -> list[str]:
     if len(data["controls"]) == 2:
         low, high = data["controls"]["frozen"]["mean"], data["controls"]["frozen_base"]["mean"]
         share = lambda stat: (stat["mean"] - low) / (high - low)
-        path = ", ".join(f"{fmt(_pair(fitted[n]))} at N = {n} ({share(fitted[n]):.0%} of the gap)"
+        path = ", ".join(f"{fmt(mean_ci(fitted[n]))} at N = {n} ({share(fitted[n]):.0%} of the gap)"
                          for n in data["sizes"])
         lines.append(f"The fitted simulator's held-out value is {path}, between the frozen collapsed "
                      f"simulator's {low:.3f} (N = 0) and the frozen base simulator's {high:.3f} (N = ∞).")
@@ -71,10 +71,10 @@ def sentences(data: dict[str, Any]) -> list[str]:
 
 
 def regret_table(data: dict[str, Any]) -> list[str]:
-    rows = [[str(n), label, *(fmt(_pair(data["by_n"][str(n)][m][kind]))
+    rows = [[str(n), label, *(fmt(mean_ci(data["by_n"][str(n)][m][kind]))
                               for m in ("regret_train", "regret_users", "train_value"))]
             for n in data["sizes"] for kind, label in KINDS.items()]
-    return _table(["N", "arm", "regret vs its training simulators", "regret vs the users",
+    return table_lines(["N", "arm", "regret vs its training simulators", "regret vs the users",
                                "training value"], rows)
 
 

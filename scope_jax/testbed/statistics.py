@@ -39,18 +39,20 @@ def interval(x: np.ndarray) -> tuple[float, float]:
     return float(x.mean()), float(stats.t.ppf(0.975, n - 1) * x.std(ddof=1) / math.sqrt(n))
 
 
-def _stat(values) -> dict[str, Any]:
+def seed_stat(values) -> dict[str, Any]:
+    """Mean, 95% t-interval half-width and the values of one number over seeds."""
     mean, hw = interval(values)
     return {"mean": mean, "ci95": hw, "seeds": np.asarray(values, np.float64).tolist()}
 
 
-def _pair(stat: dict[str, Any]) -> tuple[float, float]:
+def mean_ci(stat: dict[str, Any]) -> tuple[float, float]:
+    """(mean, 95% half-width) of a `seed_stat`."""
     return stat["mean"], stat["ci95"]
 
 
 def direction(stat: dict[str, Any], up: str = "higher", down: str = "lower") -> str:
     """`up` / `down` when the 95% interval excludes 0, else "not distinguishable from 0"."""
-    mean, hw = _pair(stat)
+    mean, hw = mean_ci(stat)
     if math.isnan(hw):
         return f"{up if mean > 0 else down} (one seed, no interval)"
     return up if mean - hw > 0 else down if mean + hw < 0 else "not distinguishable from 0"
@@ -81,19 +83,19 @@ def summarize(results: Results) -> dict[str, Any]:
     tail = results.settings.rl.eval_every
     finals = {name: final_values(arm, tail) for name, arm in results.arms.items()}
     arms_by_name = {arm.name: arm for arm in results.settings.arms}
-    deltas = {control: {name: {k: _stat(finals[name][k] - finals[control][k]) for k in DELTA_METRICS}
+    deltas = {control: {name: {k: seed_stat(finals[name][k] - finals[control][k]) for k in DELTA_METRICS}
                         for name in finals if name not in (control, "untrained")}
               for control in CONTROLS if control in finals}
     if "untrained" in finals:
         untrained = finals["untrained"]["heldout_value"]
-        deltas["untrained"] = {name: {"heldout_value": _stat(f["heldout_value"] - untrained)}
+        deltas["untrained"] = {name: {"heldout_value": seed_stat(f["heldout_value"] - untrained)}
                                for name, f in finals.items() if name != "untrained"}
-    panel_change = {name: {k: _stat(f[k] - f[f"initial/{k}"]) for k in GradientPanel.KEYS}
+    panel_change = {name: {k: seed_stat(f[k] - f[f"initial/{k}"]) for k in GradientPanel.KEYS}
                     for name, f in finals.items() if name != "untrained"}
     sweep = {arm.name: {"kl": arm.sim_kl_coef, "lr": arm.sim_learning_rate, "objective": arm.objective}
              for arm in results.settings.arms if arm.sim_kl_coef is not None}
     summary = {
-        "arms": {name: {k: _stat(v) for k, v in f.items()} for name, f in finals.items()},
+        "arms": {name: {k: seed_stat(v) for k, v in f.items()} for name, f in finals.items()},
         "deltas": deltas, "panel_change": panel_change, "sweep": sweep, "sweep_rule": SWEEP_RULE,
         "references": results.references, "pretraining": results.pretraining, "seconds": results.seconds,
         "labels": {name: arm.label for name, arm in results.arms.items()},

@@ -18,16 +18,12 @@ from scope_jax.envs import personas
 from scope_jax.testbed.gradients import POLICY_TABLE
 from scope_jax.testbed.pretrain import Pretrained
 from scope_jax.testbed.progress import Ticker
+from scope_jax.training.state import leaves_at
 
 
 def _flatten(tree, lead_ndim: int):
     """Merge the first lead_ndim axes of every leaf."""
     return jax.tree.map(lambda x: x.reshape(-1, *x.shape[lead_ndim:]), tree)
-
-
-def leaves_at(tree, i):
-    """Every leaf indexed at i (an int or a tuple of ints)."""
-    return jax.tree.map(lambda x: x[i], tree)
 
 
 # Module-level, so that every Tabulator shares their compiled programs (and the panel the policy's).

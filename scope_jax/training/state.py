@@ -47,6 +47,11 @@ def stack_population(members: list[Any]) -> Any:
     return jax.tree.map(stack, population_axes(members[0]), *members, is_leaf=lambda a: a is None)
 
 
+def leaves_at(tree: Any, i) -> Any:
+    """Every leaf indexed at i (an int or a tuple of ints): member i of a `stack_population` tree."""
+    return jax.tree.map(lambda x: x[i], tree)
+
+
 def create(params: dict[str, Any], optimizer: optax.GradientTransformation, seed: int,
            ref_roles: tuple[str, ...] = ()) -> JointState:
     """Initial state; `ref_roles` names the roles ("agent", "sims") that keep a frozen KL reference."""

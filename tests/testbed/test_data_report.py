@@ -3,11 +3,11 @@
 import numpy as np
 
 from scope_jax.testbed import data_report
-from scope_jax.testbed.statistics import _stat
+from scope_jax.testbed.statistics import seed_stat
 
 
 def arm(value, nll):
-    return {"heldout_value": _stat(np.asarray(value)), "data_nll": _stat(np.full(3, nll))}
+    return {"heldout_value": seed_stat(np.asarray(value)), "data_nll": seed_stat(np.full(3, nll))}
 
 
 def summary_and_points():

@@ -3,7 +3,7 @@
 from scope_jax.testbed import prose, statistics
 
 
-def _stat(seeds):
+def seed_stat(seeds):
     mean, hw = statistics.interval(seeds)
     return {"mean": mean, "ci95": hw, "seeds": list(seeds)}
 
@@ -12,8 +12,8 @@ def _summary(gain):
     """Two controls and one fix whose per-seed held-out gain over the frozen arm is `gain`."""
     frozen, base = [0.28, 0.29, 0.28, 0.30, 0.29], [0.37, 0.38, 0.36, 0.39, 0.38]
     fix = [f + g for f, g in zip(frozen, gain)]
-    arm = lambda values: {"heldout_value": _stat(values)}
-    diff = lambda a, b: {"heldout_value": _stat([x - y for x, y in zip(a, b)])}
+    arm = lambda values: {"heldout_value": seed_stat(values)}
+    diff = lambda a, b: {"heldout_value": seed_stat([x - y for x, y in zip(a, b)])}
     return {"arms": {"frozen": arm(frozen), "frozen_base": arm(base), "cotrain": arm(fix)},
             "deltas": {"frozen": {"frozen_base": diff(base, frozen), "cotrain": diff(fix, frozen)},
                        "frozen_base": {"frozen": diff(frozen, base), "cotrain": diff(fix, base)}},
@@ -22,9 +22,9 @@ def _summary(gain):
 
 
 def test_direction_needs_the_interval_to_exclude_zero():
-    assert statistics.direction(_stat([0.1, 0.12, 0.09, 0.11, 0.1])) == "higher"
-    assert statistics.direction(_stat([-0.1, -0.12, -0.09, -0.11, -0.1])) == "lower"
-    assert statistics.direction(_stat([0.1, -0.12, 0.09, -0.11, 0.1])) == "not distinguishable from 0"
+    assert statistics.direction(seed_stat([0.1, 0.12, 0.09, 0.11, 0.1])) == "higher"
+    assert statistics.direction(seed_stat([-0.1, -0.12, -0.09, -0.11, -0.1])) == "lower"
+    assert statistics.direction(seed_stat([0.1, -0.12, 0.09, -0.11, 0.1])) == "not distinguishable from 0"
 
 
 def test_comparison_sentences_say_what_the_paired_differences_say():
@@ -47,7 +47,7 @@ def test_the_sweep_rule_chooses_among_adversarial_points_and_the_verdict_covers_
     objective = lambda name: "regret" if "regret" in name else "adversarial"
     summary["sweep"] = {name: {"kl": 1.0, "lr": 2e-3, "objective": objective(name)} for name in deviations}
     for name, deviation in deviations.items():
-        summary["arms"][name] = {"sim_deviation": _stat([deviation] * 5)}
+        summary["arms"][name] = {"sim_deviation": seed_stat([deviation] * 5)}
         summary["deltas"]["frozen"][name] = summary["deltas"]["frozen"]["cotrain"]
     assert statistics.selected_sweep_point(summary) == "cotrain_kl1"
     sentence = prose.sweep_null_sentence(summary)
