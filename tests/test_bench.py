@@ -2,6 +2,8 @@
 
 import dataclasses
 import functools
+import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -126,3 +128,22 @@ def test_the_header_says_where_and_when_a_run_was_made():
     lines = header()
     for field in ("command:", "date:", "commit:", "machine:", "cpu flags:", "load average before the run"):
         assert sum(line.startswith(field) for line in lines) == 1, (field, lines)
+
+
+def test_the_torch_threads_probe_alternates_the_counts_and_keeps_the_faster():
+    import torch
+
+    from experiments.bench.references import torch_threads
+
+    counts, seen = list(dict.fromkeys((os.cpu_count(), 1))), []
+    before = torch.get_num_threads()
+
+    def probe():  # one thread is the fast one here, by 20 ms a call
+        seen.append(torch.get_num_threads())
+        time.sleep(0.02 if torch.get_num_threads() > 1 else 0.0)
+
+    try:
+        assert torch_threads(probe, rounds=2) == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert seen[1:] == counts * 2  # after the warm-up call, all cores then 1, twice

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.bench.harness import timed
+from experiments.bench.harness import best_of
 from scope_jax.models import ModelConfig, save_pretrained
 
 
@@ -23,18 +23,21 @@ def torch_model(config: ModelConfig, params: Any):
         return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
 
 
-def torch_threads(probe: Callable[[], Any]) -> int:
+def torch_threads(probe: Callable[[], Any], rounds: int = 2) -> int:
     """Set torch's intra-op threads to whichever of (all cores, 1) runs `probe` faster, and return it.
 
     On a machine shared with other processes, torch's OpenMP threads spin-wait for each other and one
-    thread can be many times faster than all cores; the reference gets whichever is better right now.
+    thread can be many times faster than all cores; the reference gets whichever is better right now. The
+    counts alternate within each of `rounds` rounds (after one warm-up call), so a passing burst of load
+    weighs on both alike.
     """
     import torch
 
-    seconds = {}
-    for threads in dict.fromkeys((os.cpu_count(), 1)):
-        torch.set_num_threads(threads)
-        seconds[threads] = timed(probe, 1)[1]
+    def at(threads: int) -> Callable[[], Any]:
+        return lambda: (torch.set_num_threads(threads), probe())
+
+    probe()
+    seconds = best_of({threads: at(threads) for threads in dict.fromkeys((os.cpu_count(), 1))}, rounds)
     best = min(seconds, key=seconds.get)
     torch.set_num_threads(best)
     return best
