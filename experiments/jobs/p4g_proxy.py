@@ -8,20 +8,21 @@ there is no training: the proxy is `model` + that adapter; fidelity.json records
 
 Fidelity cases: every held-out participant (the environment's "eval" split) with a valid donation, once,
 in the human dialogue of their first row with one (file order), if it has at least `fidelity.max_turns`
-persuader turns (the others are counted as left out); `fidelity.dialogues` = D > 0 takes the first D of them
-(with one sample and D = `fidelity.batch`, exactly the first batch a full run plays: `:replay`). Each arm plays every case `fidelity.samples` times at `fidelity.temperature` against the
-participant's own human persuader, whose turns are replayed as written (`fidelity.max_turns`, then the
-environment's closing question if no amount was stated):
+persuader turns (the others are counted as left out); `fidelity.dialogues` = D > 0 takes the first D of
+them (with one sample and D = `fidelity.batch`, exactly the first batch a full run plays: `:replay`). Each
+arm plays every case `fidelity.samples` times at `fidelity.temperature` against the participant's own
+human persuader, whose turns are replayed as written (`fidelity.max_turns`, then the environment's
+closing question if no amount was stated):
 
   prompted  the model before fine-tuning: today's prompted simulator
   proxy     the fine-tuned model
 
 Both arms use the same cases, persuader turns and sampling keys. With `transcripts` set to a
 dialogues.jsonl of this job, nothing is played: its arms are scored (all of a participant's dialogues,
-as the run that wrote them scored them); with `fidelity.arms` empty, only the references are written. The statistics, their
-bootstrap intervals over participants, the human floors and the traits-only ceiling (a ridge regression
-fitted on the judge split's people) are `envs.p4g_fidelity_stats`'. Outputs: fidelity.json, fidelity.md
-(the table), figures/donations.png, dialogues.jsonl, and summary.md.
+as the run that wrote them scored them); with `fidelity.arms` empty, only the references are written.
+The statistics, their bootstrap intervals over participants, the human floors and the traits-only ceiling
+(a ridge regression fitted on the judge split's people) are `envs.p4g_fidelity_stats`'. Outputs:
+fidelity.json, fidelity.md (the table), figures/donations.png, dialogues.jsonl, and summary.md.
 """
 
 from __future__ import annotations
@@ -218,7 +219,8 @@ def goals_table(results: dict) -> str:
     proxy = results["arms"]["proxy"]
     lines = ["| goal | proxy | target | met |", "|---|---|---|---|"]
     lines += [f"| {goal} | {value(proxy):.3f} | {target(proxy):.3f} | "
-              f"{'yes' if meets(value(proxy), target(proxy)) else 'no'} |" for goal, value, target, meets in GOALS]
+              f"{'yes' if meets(value(proxy), target(proxy)) else 'no'} |"
+              for goal, value, target, meets in GOALS]
     return "\n".join(lines)
 
 

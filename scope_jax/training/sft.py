@@ -83,8 +83,8 @@ def check(config: ml_collections.ConfigDict, purpose: str | None) -> None:
         if config.train[key] < 1:
             raise ConfigError(f"config key 'train.{key}' is {config.train[key]}; it must be at least 1")
     if not config.train.last_reply_weight > 0:
-        raise ConfigError(f"config key 'train.last_reply_weight' is {config.train.last_reply_weight}; it must "
-                          "be positive")
+        raise ConfigError(f"config key 'train.last_reply_weight' is {config.train.last_reply_weight}; it "
+                          "must be positive")
     try:
         mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     except ValueError as e:

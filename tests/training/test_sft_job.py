@@ -102,11 +102,13 @@ def test_the_last_reply_weight_lands_on_the_closing_answer_of_the_train_views_on
         weighted = [i for i, m in zip(view.ids, mask) if m == 5.0]
         closing = episode.messages[-1]
         assert closing.role == SIM and "$" in closing.text  # p4g_human's closing answer
-        assert weighted == [*tokenizer(closing.text, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
+        closing_ids = tokenizer(closing.text, add_special_tokens=False).input_ids
+        assert weighted == [*closing_ids, tokenizer.eos_token_id]
         assert set(np.unique(mask)) == {0.0, 1.0, 5.0}
         weights = np.asarray(aggregation_weights(jnp.asarray(mask[None]), "token_mean"))[0]
         np.testing.assert_allclose(weights, mask / mask.sum(), rtol=1e-6)  # a weighted token mean
     assert all(set(v.loss_mask) == {0.0, 1.0} for v in data.eval)
     config.train.last_reply_weight = 0.0
-    with pytest.raises(ConfigError, match=r"^config key 'train.last_reply_weight' is 0.0; it must be positive$"):
+    with pytest.raises(ConfigError, match=r"^config key 'train.last_reply_weight' is 0.0; it must be "
+                                          r"positive$"):
         prepare(config)
