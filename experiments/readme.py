@@ -5,7 +5,8 @@ Each block of README.md between its two markers is replaced by its text:
   objectives that do not see the users of the sweep (sweep.json) and of the tabular study
   (tabular.json), the data curve (data.json), and the scarce-data verdicts (scarce.json, and its tabular
   counterpart tabular_scarce.json), each where committed;
-- p4g_proxy: the P4G human proxy's fidelity table (docs/results/p4g_proxy/fidelity.json).
+- p4g_proxy: the P4G human proxy's fidelity table (docs/results/p4g_proxy/fidelity.json);
+- p4g_proxy_levers: what each lever of the proxy's recipe did (docs/results/p4g_proxy/levers/levers.json).
 tests/test_readme.py fails when a block differs from its artifact.
 """
 
@@ -16,7 +17,7 @@ import json
 import pathlib
 from typing import Callable
 
-from experiments import tabular_objectives, tabular_scarce
+from experiments import p4g_proxy_levers, tabular_objectives, tabular_scarce
 from experiments.jobs import p4g_proxy
 from scope_jax.testbed import data_report, prose, scarce_report
 
@@ -30,6 +31,7 @@ TABULAR = RESULTS / "tabular.json"
 SCARCE = RESULTS / "scarce.json"
 TABULAR_SCARCE = RESULTS / "tabular_scarce.json"
 PROXY = RESULTS / "p4g_proxy" / "fidelity.json"
+LEVERS = RESULTS / "p4g_proxy" / "levers" / "levers.json"
 
 
 def testbed_text() -> str:
@@ -49,8 +51,8 @@ def testbed_text() -> str:
 
 def proxy_text() -> str:
     results = json.loads(PROXY.read_text())
-    return p4g_proxy.fidelity_table(results) + "\n\nThe judge's goals (issue 32), read from the same file:\n\n" + \
-        p4g_proxy.goals_table(results)
+    goals = "\n\nThe judge's goals (issue 32), read from the same file:\n\n" + p4g_proxy.goals_table(results)
+    return p4g_proxy.fidelity_table(results) + goals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +85,8 @@ class Block:
         return f"{head}{begin}\n{text}{end}{tail}"
 
 
-BLOCKS = (Block("testbed", SUMMARY, testbed_text), Block("p4g_proxy", PROXY, proxy_text))
+BLOCKS = (Block("testbed", SUMMARY, testbed_text), Block("p4g_proxy", PROXY, proxy_text),
+          Block("p4g_proxy_levers", LEVERS, lambda: p4g_proxy_levers.table(json.loads(LEVERS.read_text()))))
 
 
 def main() -> None:

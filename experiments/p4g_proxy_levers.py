@@ -1,0 +1,177 @@
+"""What each lever of the judge's recipe did (issue 32, part 3), gathered from its runs:
+
+    python -m experiments.p4g_proxy_levers --recipe DIR --lever NAME=DIR [--lever NAME=DIR ...]
+
+Each DIR is one run of `experiments/configs/p4g_proxy.py` (the lever's settings given on its command line,
+e.g. `--config.train.last_reply_weight=7.0`; a lever may play the proxy arm alone,
+`--config.fidelity.arms="('proxy',)"`). `--recipe` is the run of the recipe as committed. For each run:
+the settings it changed from the recipe (read from the two config.json; a key a run predates has the
+committed recipe's value), its last held-out NLL
+(metrics.jsonl), and its proxy's fidelity on the held-out participants (dialogues.jsonl): the statistics
+with bootstrap intervals, the human floor at its sizes, and the goals met (`p4g_proxy.GOALS`); for a lever,
+its change from the recipe, paired by participant (the same bootstrap resamples for both). Written to
+docs/results/p4g_proxy/levers/: levers.json, levers.md (the table, from levers.json alone) and each lever's
+summary.md and gzipped dialogues (NAME/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import pathlib
+import shutil
+from typing import Any, Callable
+
+import ml_collections
+import numpy as np
+
+from experiments.configs.p4g_proxy import get_config
+from experiments.jobs import p4g_proxy
+from scope_jax.envs import p4g_fidelity_stats as fs
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results" / "p4g_proxy" / "levers"
+UNCOMPARED = ("fidelity.arms", "adapter", "transcripts")  # settings that change what runs, not the proxy
+CHANGES = ("unreadable", "ks", "hist_l1", "rank_corr")
+
+
+def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        out |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+    return out
+
+
+def changed_settings(recipe: dict[str, Any], lever: dict[str, Any]) -> dict[str, list]:
+    """{key: [recipe's value, lever's value]} of the config keys the lever changed (UNCOMPARED left out).
+    A key a run's config.json lacks (the run predates the key) has the committed recipe's value."""
+    now = flat(get_config().to_dict())
+    a, b = now | flat(recipe), now | flat(lever)
+    return {k: [a[k], b[k]] for k in sorted(a) if a[k] != b[k] and k not in UNCOMPARED}
+
+
+def dialogues_file(run: pathlib.Path) -> pathlib.Path:
+    for name in ("dialogues.jsonl", "dialogues.jsonl.gz"):
+        if (run / name).exists():
+            return run / name
+    raise SystemExit(f"p4g_proxy_levers: {run} has no dialogues.jsonl; run its p4g_proxy config to the end")
+
+
+def last_heldout_nll(run: pathlib.Path) -> float:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["heldout_nll"] for r in records if "heldout_nll" in r][-1]
+
+
+def gather(recipe: pathlib.Path, levers: dict[str, pathlib.Path]) -> dict[str, Any]:
+    """levers.json's content: the recipe's and each lever's record."""
+    runs = {"recipe": recipe, **levers}
+    configs = {name: json.loads((run / "config.json").read_text()) for name, run in runs.items()}
+    scored = {name: p4g_proxy.scored_transcripts(dialogues_file(run)) for name, run in runs.items()}
+    own = scored["recipe"][1]
+    for name, (_, theirs, _) in scored.items():
+        if not np.array_equal(theirs, own):
+            raise SystemExit(f"p4g_proxy_levers: {name}'s dialogues are not of the recipe's participants")
+    donations = {name: arms["proxy"] for name, (arms, _, _) in scored.items()}
+    config = ml_collections.ConfigDict(configs["recipe"])
+    env, _, _ = p4g_proxy.heldout_cases(config)
+    others, ceiling = p4g_proxy.references(config, env)
+    seed = config.seed
+    indices = fs.resamples(len(own), np.random.default_rng([seed, 5]))  # fidelity_results' resamples
+    results = {}
+    for name, run in runs.items():
+        fidelity = p4g_proxy.fidelity_results({"proxy": donations[name]}, own, others, ceiling, seed)
+        proxy = fidelity["arms"]["proxy"]
+        results[name] = {
+            "changed": changed_settings(configs["recipe"], configs[name]),
+            "heldout_nll": last_heldout_nll(run), "proxy": proxy,
+            "goals_met": [bool(meets(value(proxy), target(proxy)))
+                          for _, value, target, meets in p4g_proxy.GOALS]}
+        if name != "recipe":
+            results[name]["vs_recipe"] = fs.bootstrap(paired_change, indices, donations[name],
+                                                      donations["recipe"], own)
+    return results
+
+
+def paired_change(lever: np.ndarray, recipe: np.ndarray, own: np.ndarray) -> dict[str, float]:
+    """The lever's statistics minus the recipe's, on the same participants."""
+    a, b = fs.arm_statistics(lever, own), fs.arm_statistics(recipe, own)
+    return {key: a[key] - b[key] for key in CHANGES}
+
+
+def ranged(value: dict[str, float]) -> str:
+    return f"{value['value']:+.3f} [{value['low']:+.3f}, {value['high']:+.3f}]"
+
+
+def stat(key: str) -> Callable[[dict], str]:
+    def cell(r: dict) -> str:
+        value = r["proxy"][key]
+        return f"{value['value']:.3f} [{value['low']:.3f}, {value['high']:.3f}]"
+    return cell
+
+
+def settings(r: dict) -> str:
+    return ", ".join(f"`{k}` {a} -> {b}" for k, (a, b) in r["changed"].items()) or "(the recipe)"
+
+
+def change(key: str) -> Callable[[dict], str]:
+    return lambda r: ranged(r["vs_recipe"][key]) if "vs_recipe" in r else ""
+
+
+# The table: (header, cell of one run's record)
+COLUMNS: tuple[tuple[str, Callable[[dict], str]], ...] = (
+    ("changed from the recipe", settings),
+    ("held-out NLL", lambda r: f"{r['heldout_nll']:.4f}"),
+    ("unreadable", stat("unreadable")),
+    ("KS", stat("ks")),
+    ("hist L1 (human floor at its sizes)",
+     lambda r: f"{stat('hist_l1')(r)} ({r['proxy']['floor']['hist_l1']['mean']:.3f})"),
+    ("rank corr. with own donation", stat("rank_corr")),
+    ("goals met", lambda r: f"{sum(r['goals_met'])} of {len(r['goals_met'])}"),
+    ("Δ unreadable", change("unreadable")),
+    ("Δ KS", change("ks")),
+    ("Δ hist L1", change("hist_l1")),
+    ("Δ rank corr.", change("rank_corr")),
+)
+
+
+def table(results: dict[str, dict]) -> str:
+    lines = ["| run | " + " | ".join(h for h, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(cell(r) for _, cell in COLUMNS) + " |"
+              for name, r in results.items()]
+    return "\n".join(lines) + (
+        "\n\nValue [95% interval]: a bootstrap over the held-out participants. Δ: the lever minus the "
+        "recipe, paired by participant (the same resamples for both), so an interval that excludes 0 is a "
+        f"change the lever made. Goals (issue 32): {'; '.join(goal for goal, *_ in p4g_proxy.GOALS)}.")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", required=True, help="the run directory of the recipe as committed")
+    parser.add_argument("--lever", action="append", required=True, metavar="NAME=DIR",
+                        help="a lever's name and run directory (repeatable)")
+    args = parser.parse_args(argv)
+    levers = {}
+    for spec in args.lever:
+        name, sep, run = spec.partition("=")
+        if not sep or not name or name == "recipe":
+            raise SystemExit(f"p4g_proxy_levers: --lever {spec!r} is not NAME=DIR (NAME not 'recipe')")
+        levers[name] = pathlib.Path(run)
+    results = gather(pathlib.Path(args.recipe), levers)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for name, run in levers.items():
+        shutil.rmtree(RESULTS / name, ignore_errors=True)
+        (RESULTS / name).mkdir()
+        shutil.copy(run / "summary.md", RESULTS / name / "summary.md")
+        source = dialogues_file(run)
+        with (gzip.open if source.suffix == ".gz" else open)(source, "rb") as f, \
+                gzip.open(RESULTS / name / "dialogues.jsonl.gz", "wb") as out:
+            shutil.copyfileobj(f, out)
+    (RESULTS / "levers.json").write_text(json.dumps(results, indent=1) + "\n")
+    (RESULTS / "levers.md").write_text(table(results) + "\n")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
