@@ -15,9 +15,9 @@ import numpy as np
 from scope_jax.testbed.arms import Arm
 from scope_jax.testbed.experiment import Results
 from scope_jax.testbed.figures import plt
-from scope_jax.testbed.prose import table_lines, fmt, signed
+from scope_jax.testbed.prose import fmt, signed, table_lines
 from scope_jax.testbed.report import Section
-from scope_jax.testbed.statistics import mean_ci, seed_stat, direction
+from scope_jax.testbed.statistics import direction, mean_ci, seed_stat
 
 ANCHOR_RULE = ("the smallest data weight whose co-trained simulator ends with an NLL on the held-out tenth "
                "of the N dialogues (mean over seeds) within {tolerance:.0%} of the fitted simulator's; the "

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from scope_jax.testbed.arms import CONTROLS
-from scope_jax.testbed.statistics import mean_ci, direction
+from scope_jax.testbed.statistics import direction, mean_ci
 
 
 def fmt(mean_hw: tuple[float, float], digits: int = 3) -> str:

@@ -15,9 +15,9 @@ import numpy as np
 
 from scope_jax.testbed import data_report
 from scope_jax.testbed.experiment import Results
-from scope_jax.testbed.prose import table_lines, fmt, signed
+from scope_jax.testbed.prose import fmt, signed, table_lines
 from scope_jax.testbed.report import Section
-from scope_jax.testbed.statistics import mean_ci, seed_stat, direction
+from scope_jax.testbed.statistics import direction, mean_ci, seed_stat
 
 KINDS = {"fitted": "fitted", "calibrated": "fitted, calibrated",
          "fitted_population": "fitted population (P=4)", "regret_data": "regret + data",
