@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         shutil.copy(run / "summary.md", RESULTS / name / "summary.md")
         source = dialogues_file(run)
         with (gzip.open if source.suffix == ".gz" else open)(source, "rb") as f, \
-                gzip.open(RESULTS / name / "dialogues.jsonl.gz", "wb") as out:
+                gzip.GzipFile(RESULTS / name / "dialogues.jsonl.gz", "wb", mtime=0) as out:  # same bytes
             shutil.copyfileobj(f, out)
     (RESULTS / "levers.json").write_text(json.dumps(results, indent=1) + "\n")
     (RESULTS / "levers.md").write_text(table(results) + "\n")
