@@ -17,7 +17,7 @@ The judge is fitted on the judge split of the people only (no training simulator
 it; docs/p4g.md), with the recipe of `sft.lora_persuadee` (docs/sft.md has the measurements), then played
 on every held-out participant with a valid donation, `fidelity.samples` dialogues each. `replay` plays the
 committed proxy on the first `fidelity.batch` participants once: the first batch of the committed run, so
-its dialogues.jsonl equals the first lines of the committed proxy dialogues (docs/p4g.md shows the check).
+its dialogues.jsonl equals the first lines of the committed proxy dialogues (docs/sft.md shows the check).
 """
 
 import pathlib
