@@ -112,14 +112,19 @@ def test_the_committed_dialogues_rescored_give_the_committed_table(tmp_path):
 
 
 def test_transcripts_with_uneven_dialogues_are_refused_in_one_line(tmp_path):
-    lines = [json.dumps({"arm": arm, "scenario": person, "human_donation": 0.5, "rewards": {"donation": 1.0}})
-             for arm, person in (("prompted", "a"), ("prompted", "b"), ("proxy", "a"), ("proxy", "a"))]
+    def record(arm: str, person: str) -> str:
+        return json.dumps({"arm": arm, "scenario": person, "human_donation": 0.5, "rewards": {"donation": 1.0}})
+
     path = tmp_path / "dialogues.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ValueError, match=r"^dialogues.jsonl: arm 'proxy' does not hold the same number of "
-                                         r"dialogues of the same 2 participants as the first arm$"):
-        p4g_proxy.scored_transcripts(path)
-    path.write_text("\n".join(lines[:3] + [lines[2].replace('"a"', '"b"')]) + "\n")
+    refused = r"^dialogues.jsonl: arm 'proxy' does not hold the same number of dialogues of the same 2 " \
+              r"participants as the first arm$"
+    prompted = [record("prompted", "a"), record("prompted", "b")]
+    for proxy in ([record("proxy", "a")] * 2,  # other people
+                  [record("proxy", "a"), record("proxy", "a"), record("proxy", "b")]):  # uneven counts
+        path.write_text("\n".join(prompted + proxy) + "\n")
+        with pytest.raises(ValueError, match=refused):
+            p4g_proxy.scored_transcripts(path)
+    path.write_text("\n".join(prompted + [record("proxy", "a"), record("proxy", "b")]) + "\n")
     arms, own, count = p4g_proxy.scored_transcripts(path)
     assert arms["proxy"].shape == (2, 1) and own.tolist() == [0.5, 0.5] and count == 4
 
