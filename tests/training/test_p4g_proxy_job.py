@@ -113,7 +113,8 @@ def test_the_committed_dialogues_rescored_give_the_committed_table(tmp_path):
 
 def test_transcripts_with_uneven_dialogues_are_refused_in_one_line(tmp_path):
     def record(arm: str, person: str) -> str:
-        return json.dumps({"arm": arm, "scenario": person, "human_donation": 0.5, "rewards": {"donation": 1.0}})
+        return json.dumps({"arm": arm, "scenario": person, "human_donation": 0.5,
+                           "rewards": {"donation": 1.0}})
 
     path = tmp_path / "dialogues.jsonl"
     refused = r"^dialogues.jsonl: arm 'proxy' does not hold the same number of dialogues of the same 2 " \
