@@ -85,8 +85,7 @@ def gather(recipe: pathlib.Path, levers: dict[str, pathlib.Path]) -> dict[str, A
         results[name] = {
             "changed": changed_settings(configs["recipe"], configs[name]),
             "heldout_nll": last_heldout_nll(run), "proxy": proxy,
-            "goals_met": [bool(meets(value(proxy), target(proxy)))
-                          for _, value, target, meets in p4g_proxy.GOALS]}
+            "goals_met": p4g_proxy.goals_met(proxy)}
         if name != "recipe":
             results[name]["vs_recipe"] = fs.bootstrap(paired_change, indices, donations[name],
                                                       donations["recipe"], own)
@@ -104,10 +103,8 @@ def ranged(value: dict[str, float]) -> str:
 
 
 def stat(key: str) -> Callable[[dict], str]:
-    def cell(r: dict) -> str:
-        value = r["proxy"][key]
-        return f"{value['value']:.3f} [{value['low']:.3f}, {value['high']:.3f}]"
-    return cell
+    cell = p4g_proxy.ranged_cell(key)
+    return lambda r: cell(r["proxy"])
 
 
 def settings(r: dict) -> str:

@@ -153,7 +153,8 @@ def fidelity_results(arms: dict[str, np.ndarray], own: np.ndarray, others: np.nd
 Cell = Callable[[dict], str]
 
 
-def _ranged(key: str) -> Cell:
+def ranged_cell(key: str) -> Cell:
+    """The cell of `row[key]`: its value (or mean) [low, high]; empty when absent or NaN."""
     def cell(row: dict) -> str:
         if key not in row:
             return ""
@@ -167,12 +168,12 @@ def _ranged(key: str) -> Cell:
 
 COLUMNS: tuple[tuple[str, Cell], ...] = (
     ("people", lambda row: str(row.get("n", ""))),
-    ("donation rate", _ranged("donation_rate")),
-    ("mean $", _ranged("mean_donation")),
-    ("hist L1", _ranged("hist_l1")),
-    ("KS", _ranged("ks")),
-    ("unreadable", _ranged("unreadable")),
-    ("rank corr. with own donation", _ranged("rank_corr")),
+    ("donation rate", ranged_cell("donation_rate")),
+    ("mean $", ranged_cell("mean_donation")),
+    ("hist L1", ranged_cell("hist_l1")),
+    ("KS", ranged_cell("ks")),
+    ("unreadable", ranged_cell("unreadable")),
+    ("rank corr. with own donation", ranged_cell("rank_corr")),
 )
 
 
@@ -214,13 +215,17 @@ GOALS: tuple[Goal, ...] = (
 )
 
 
+def goals_met(proxy: dict) -> list[bool]:
+    """Whether the proxy arm's statistics `proxy` meet each of GOALS."""
+    return [bool(meets(value(proxy), target(proxy))) for _, value, target, meets in GOALS]
+
+
 def goals_table(results: dict) -> str:
     """The judge's goals, met or not, from `results`' proxy arm."""
     proxy = results["arms"]["proxy"]
     lines = ["| goal | proxy | target | met |", "|---|---|---|---|"]
-    lines += [f"| {goal} | {value(proxy):.3f} | {target(proxy):.3f} | "
-              f"{'yes' if meets(value(proxy), target(proxy)) else 'no'} |"
-              for goal, value, target, meets in GOALS]
+    lines += [f"| {goal} | {value(proxy):.3f} | {target(proxy):.3f} | {'yes' if met else 'no'} |"
+              for (goal, value, target, _), met in zip(GOALS, goals_met(proxy))]
     return "\n".join(lines)
 
 
