@@ -1,4 +1,4 @@
-"""Attention with per-row positions: dense for small score matrices, blockwise (online softmax) for large.
+"""Attention with per-row positions: one tile for small score matrices, blockwise (online softmax) for large.
 
 Layout: queries q [N, H, Q, d] with H the key/value heads (the query heads that share a kv head are folded
 into Q), keys and values [N, H, S, d], query positions [N, Q] and key positions [N, S]. Key s is visible
@@ -6,9 +6,10 @@ to query t iff key_positions[s] <= query_positions[t]; a query that sees no key 
 
 When one (row, head) score matrix Q x S holds more than `block` x `block` entries, the keys are taken
 `block` at a time and the queries `block` at a time, with the running max and sum of the FlashAttention
-recurrence, and tiles that no query of the chunk can see are skipped. Nothing of size Q x S is ever
-materialised, forward or backward: the backward pass (a custom VJP) recomputes each tile's
-probabilities from the saved log-sum-exp instead of storing them.
+recurrence, and tiles that no query of the chunk can see are skipped; a smaller matrix is one tile. The
+backward pass (a custom VJP) recomputes each tile's probabilities from the saved log-sum-exp instead of
+storing them, so a blockwise attention never holds anything of size Q x S, and a layer's saved
+activations hold no score matrix either way.
 
 `accumulate` exposes the recurrence itself, so one set of queries can attend over several key segments
 in turn (a shared prompt prefix, then a row's own cache) with the exact result of one softmax over all.
@@ -147,26 +148,17 @@ def normalize(partial: Partial, dtype) -> jax.Array:
     return (partial.out / jnp.where(partial.sum == 0, 1.0, partial.sum)[..., None]).astype(dtype)
 
 
-def dense_attention(q, k, v, q_pos, k_pos) -> jax.Array:
-    """One softmax over the whole [N, H, Q, S] score matrix (what `attention` does for small ones)."""
-    scores, visible = _scores(q, k, q_pos, k_pos)
-    weights = jax.nn.softmax(jnp.where(visible, scores, _HIDDEN), axis=-1).astype(v.dtype)
-    return jnp.einsum("nhqs,nhsd->nhqd", weights, v)
-
-
 def attention(q, k, v, q_pos, k_pos, block: int = BLOCK) -> jax.Array:
-    """softmax(q k^T / sqrt(d), over visible keys) v, [N, H, Q, d]; dense or blockwise (module docstring)."""
-    if _small(q.shape[2], k.shape[2], block):
-        return dense_attention(q, k, v, q_pos, k_pos)
-    return _blockwise(q, k, v, q_pos, k_pos, block)
+    """softmax(q k^T / sqrt(d), over visible keys) v, [N, H, Q, d]: one tile or blockwise (module docstring)."""
+    return _attention(q, k, v, q_pos, k_pos, block)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _blockwise(q, k, v, q_pos, k_pos, block):
+def _attention(q, k, v, q_pos, k_pos, block):
     return normalize(accumulate(Partial.empty(q), q, k, v, q_pos, k_pos, block), v.dtype)
 
 
-def _blockwise_forward(q, k, v, q_pos, k_pos, block):
+def _attention_forward(q, k, v, q_pos, k_pos, block):
     partial = accumulate(Partial.empty(q), q, k, v, q_pos, k_pos, block)
     out = normalize(partial, v.dtype)
     # log-sum-exp of each query's visible scores (+inf when it sees nothing, so that exp(s - lse) = 0)
@@ -175,13 +167,30 @@ def _blockwise_forward(q, k, v, q_pos, k_pos, block):
     return out, (q, k, v, q_pos, k_pos, out, lse)
 
 
-def _blockwise_backward(block, residuals, grad):
-    """Key blocks outside, query chunks inside: dk, dv of a block accumulate over the query chunks, dq
-    over the key blocks; each tile's probabilities are recomputed from the log-sum-exp."""
+def _tile_gradients(q, k, v, grad, lse, delta, q_pos, k_pos):
+    """(dq, dk, dv) in float32 of one tile: queries q [N, H, Q, d] with their output gradient `grad`,
+    log-sum-exp and delta = sum(grad * out) [N, H, Q]; keys k and values v [N, H, S, d]. The matmuls take
+    q's dtype and accumulate in float32, as the forward pass's do."""
+    dot = lambda spec, a, b: jnp.einsum(spec, a.astype(q.dtype), b.astype(q.dtype),
+                                        preferred_element_type=jnp.float32)
+    scores, visible = _scores(q, k, q_pos, k_pos)
+    probs = jnp.where(visible, jnp.exp(scores - lse[..., None]), 0.0)
+    d_probs = dot("nhqd,nhsd->nhqs", grad, v)
+    d_scores = probs * (d_probs - delta[..., None]) / math.sqrt(q.shape[-1])
+    return (dot("nhqs,nhsd->nhqd", d_scores, k), dot("nhqs,nhqd->nhsd", d_scores, q),
+            dot("nhqs,nhqd->nhsd", probs, grad))
+
+
+def _attention_backward(block, residuals, grad):
+    """One tile when the forward pass was one; else key blocks outside, query chunks inside: dk, dv of a
+    block accumulate over the query chunks, dq over the key blocks. Each tile's probabilities are
+    recomputed from the log-sum-exp."""
     q, k, v, q_pos, k_pos, out, lse = residuals
-    f32 = lambda x: x.astype(jnp.float32)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    delta = jnp.sum(f32(grad) * f32(out), axis=-1)  # [N, H, Q]
+    delta = jnp.sum(grad.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [N, H, Q]
+    q_len, k_len = q.shape[2], k.shape[2]
+    if _small(q_len, k_len, block):
+        dq, dk, dv = _tile_gradients(q, k, v, grad, lse, delta, q_pos, k_pos)
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
     queries = (_chunks(q, 2, block, 0), _chunks(grad, 2, block, 0), _chunks(lse, 2, block, jnp.inf),
                _chunks(delta, 2, block, 0), _chunks(q_pos, 1, block, _NO_QUERY))
     keys = (_chunks(k, 2, block, 0), _chunks(v, 2, block, 0), _chunks(k_pos, 1, block, _NO_KEY))
@@ -193,13 +202,9 @@ def _blockwise_backward(block, residuals, grad):
             q_chunk, g_chunk, lse_chunk, delta_chunk, q_pos_chunk = query
 
             def tile():
-                scores, visible = _scores(q_chunk, k_block, q_pos_chunk, k_pos_block)
-                probs = jnp.where(visible, jnp.exp(scores - lse_chunk[..., None]), 0.0)
-                d_probs = jnp.einsum("nhqd,nhsd->nhqs", f32(g_chunk), f32(v_block))
-                d_scores = probs * (d_probs - delta_chunk[..., None]) * scale
-                dk = dkv[0] + jnp.einsum("nhqs,nhqd->nhsd", d_scores, f32(q_chunk))
-                dv = dkv[1] + jnp.einsum("nhqs,nhqd->nhsd", probs, f32(g_chunk))
-                return (dk, dv), jnp.einsum("nhqs,nhsd->nhqd", d_scores, f32(k_block))
+                dq_tile, dk, dv = _tile_gradients(q_chunk, k_block, v_block, g_chunk, lse_chunk, delta_chunk,
+                                                  q_pos_chunk, k_pos_block)
+                return (dkv[0] + dk, dkv[1] + dv), dq_tile
 
             return jax.lax.cond(_sees(q_pos_chunk, k_pos_block), tile,
                                 lambda: (dkv, jnp.zeros(q_chunk.shape, jnp.float32)))
@@ -210,8 +215,8 @@ def _blockwise_backward(block, residuals, grad):
 
     dq = jnp.zeros(queries[0].shape, jnp.float32)
     dq, (dk, dv) = jax.lax.scan(key_block, dq, keys)
-    return (_unchunk(dq, 2, q.shape[2]).astype(q.dtype), _unchunk(dk, 2, k.shape[2]).astype(k.dtype),
-            _unchunk(dv, 2, v.shape[2]).astype(v.dtype), None, None)
+    return (_unchunk(dq, 2, q_len).astype(q.dtype), _unchunk(dk, 2, k_len).astype(k.dtype),
+            _unchunk(dv, 2, k_len).astype(v.dtype), None, None)
 
 
-_blockwise.defvjp(_blockwise_forward, _blockwise_backward)
+_attention.defvjp(_attention_forward, _attention_backward)

@@ -67,7 +67,8 @@ def role_loss(graphdef: nnx.GraphDef, params, ref_params, batch: RoleBatch, weig
     total over micro-batches is its mean over the role's tokens (entropy, clip fraction, ratio, KL).
     """
     stats = token_logprobs(graphdef, params, batch.tokens, batch.positions, chunk_size=config.chunk_size,
-                           temperature=config.temperature, allowed=config.allowed_tokens)
+                           temperature=config.temperature, allowed=config.allowed_tokens,
+                           entropy_gradient=bool(config.entropy_coef))
     mask = batch.loss_mask.astype(jnp.float32)
     logp = jnp.where(mask > 0, stats.logprobs, 0.0)
     per_token, clipped = clipped_policy_loss(logp, batch.old_logprobs * mask, batch.advantages,
@@ -85,7 +86,7 @@ def role_loss(graphdef: nnx.GraphDef, params, ref_params, batch: RoleBatch, weig
     if config.kl_coef:
         ref = token_logprobs(graphdef, jax.lax.stop_gradient(ref_params), batch.tokens, batch.positions,
                              chunk_size=config.chunk_size, temperature=config.temperature,
-                             allowed=config.allowed_tokens).logprobs
+                             allowed=config.allowed_tokens, entropy_gradient=False).logprobs
         kl = KL_ESTIMATORS[config.kl_estimator](logp, jnp.where(mask > 0, ref, 0.0))
         loss = loss + config.kl_coef * weighted(kl)
         metrics["kl"] = token_mean(kl)
@@ -100,6 +101,6 @@ def nll_loss(graphdef: nnx.GraphDef, params, batch: TokenBatch, weights: jax.Arr
     `aggregation_weights(batch.loss_mask, "token_mean")` on the full batch (so micro-batches add up to the
     full batch's token mean). Log-probs are taken at `config.temperature` and over `allowed_tokens`."""
     stats = token_logprobs(graphdef, params, batch.tokens, batch.positions, chunk_size=config.chunk_size,
-                           temperature=config.temperature, allowed=config.allowed_tokens)
+                           temperature=config.temperature, allowed=config.allowed_tokens, entropy_gradient=False)
     nll = jnp.sum(jnp.where(batch.loss_mask > 0, -stats.logprobs, 0.0) * weights)
     return nll, {"nll": jax.lax.stop_gradient(nll)}

@@ -1,6 +1,6 @@
-"""Dense and blockwise attention against a float64 numpy softmax, their gradients against autodiff of a
-plain jnp softmax, shared-prefix attention against attention over the concatenated keys, and the memory of
-the blockwise path."""
+"""One-tile and blockwise attention against a float64 numpy softmax, their gradients against autodiff of a
+plain jnp softmax, shared-prefix attention against attention over the concatenated keys, what the backward
+pass keeps, and the memory of the blockwise path."""
 
 import jax
 import jax.numpy as jnp
@@ -43,18 +43,19 @@ def case(q_len, k_len, seed=0):
     return tuple(jnp.asarray(x) for x in (q, k, v, q_pos.astype(np.int32), k_pos.astype(np.int32)))
 
 
-@pytest.mark.parametrize("block", [64, 4, 5], ids=["dense", "blockwise", "blockwise-ragged"])
+@pytest.mark.parametrize("block", [64, 4, 5], ids=["one-tile", "blockwise", "blockwise-ragged"])
 def test_attention_matches_numpy(block):
     args = case(13, 21)
     out = jax.jit(attention.attention, static_argnums=5)(*args, block)
     np.testing.assert_allclose(np.asarray(out), reference(*args), atol=2e-6)
 
 
-def test_blockwise_gradients_equal_autodiff_of_a_plain_softmax():
+@pytest.mark.parametrize("block", [64, 4, 5], ids=["one-tile", "blockwise", "blockwise-ragged"])
+def test_gradients_equal_autodiff_of_a_plain_softmax(block):
     q, k, v, q_pos, k_pos = case(13, 21, seed=1)
     weights = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
     loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v, q_pos, k_pos) * weights)
-    ours = jax.jit(jax.grad(loss(lambda *a: attention.attention(*a, block=4)), argnums=(0, 1, 2)))(q, k, v)
+    ours = jax.jit(jax.grad(loss(lambda *a: attention.attention(*a, block=block)), argnums=(0, 1, 2)))(q, k, v)
     theirs = jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)
     for name, a, b in zip("qkv", ours, theirs):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, err_msg=name)
@@ -86,6 +87,15 @@ def test_shared_prefix_then_own_keys_equals_one_softmax_over_both(block):
                           np.iinfo(np.int32).max)
     expected = reference(q, all_k, all_v, q_pos, np.concatenate([prefix_pos, k_pos], axis=1))
     np.testing.assert_allclose(np.asarray(ours(q, shared_k, shared_v, k, v)), expected, atol=2e-6)
+
+
+def test_the_backward_pass_keeps_no_score_matrix():
+    """One tile (the dense case) too: the residuals are q, k, v, their positions, the output and one
+    log-sum-exp per query, nothing of size Q x S."""
+    q, k, v, q_pos, k_pos = case(13, 21)
+    _, backward = jax.vjp(lambda q, k, v: attention.attention(q, k, v, q_pos, k_pos, 64), q, k, v)
+    largest = max(x.size for x in jax.tree.leaves(backward))
+    assert largest == max(q.size, k.size), [x.shape for x in jax.tree.leaves(backward)]
 
 
 def test_blockwise_memory_is_linear_in_the_length():
