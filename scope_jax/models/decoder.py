@@ -194,7 +194,7 @@ def weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
     fusion that produces it (the largest single cost of the backward pass); this way it is `inputs`, a
     plain copy. The barrier stops XLA from swapping the operands back.
     """
-    tokens = lambda a: a.reshape(-1, a.shape[-1])
+    tokens = lambda a: a.reshape(math.prod(a.shape[:-1]), a.shape[-1])  # also for a rank-0 update's [..., 0]
     if not xla_cpu_layouts():
         return tokens(inputs).T @ tokens(grad)
     return jax.lax.optimization_barrier(tokens(grad).T @ tokens(inputs)).T

@@ -148,11 +148,54 @@ class LoRALinear(nnx.Linear):
 
 
 class LoRAMLP(MLP):
-    """The SwiGLU MLP through its projection modules (LoRA or plain), differentiated by autodiff: with
-    the base frozen there is no weight gradient for `decoder.swiglu_mlp`'s hand-written backward to save."""
+    """The SwiGLU MLP of frozen kernels with low-rank updates (`adapted_swiglu_mlp`); a projection that is
+    not a target has a rank-0 update."""
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        x = x.astype(self.gate_proj.dtype or jnp.result_type(x, self.gate_proj.kernel[...]))
+        return adapted_swiglu_mlp(x, *map(_adapted, (self.gate_proj, self.up_proj, self.down_proj)))
+
+
+def _adapted(p: nnx.Linear) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(kernel, A, scale B) of a LoRA projection; a plain one's update has rank 0."""
+    if isinstance(p, LoRALinear):
+        return p.kernel[...], p.lora_a[...], p.scale * p.lora_b[...]
+    kernel = p.kernel[...]
+    return kernel, jnp.zeros((p.in_features, 0), kernel.dtype), jnp.zeros((0, p.out_features), kernel.dtype)
+
+
+@jax.custom_vjp
+def adapted_swiglu_mlp(x: jax.Array, gate: tuple, up: tuple, down: tuple) -> jax.Array:
+    """`decoder.swiglu_mlp` whose projections are (kernel W, A, B) triples, each x (W + A B) as in
+    `adapted_matmul`: the backward pass keeps x and the gate and up projections of x (what swiglu_mlp's
+    keeps), and computes x's and the adapters' gradients only."""
+    return adapted_matmul(jax.nn.silu(adapted_matmul(x, *gate)) * adapted_matmul(x, *up), *down)
+
+
+def _adapted_swiglu_forward(x, gate, up, down):
+    if any(projection[0].perturbed for projection in (gate, up, down)):
+        raise ValueError("adapted_swiglu_mlp differentiates x and the adapters only: its kernels must be "
+                         "frozen (a LoRA base under stop_gradient)")
+    x, gate, up, down = jax.tree.map(lambda p: p.value, (x, gate, up, down),
+                                     is_leaf=lambda p: hasattr(p, "perturbed"))
+    g, u = x @ _merged(*gate, x.dtype), x @ _merged(*up, x.dtype)
+    return (jax.nn.silu(g) * u) @ _merged(*down, x.dtype), (x, g, u, gate, up, down)
+
+
+def _adapted_swiglu_backward(residuals, grad):
+    x, g, u, gate, up, down = residuals
+    adapted_backward = lambda inputs, projection, grad: _adapted_matmul_backward(
+        (inputs, inputs @ projection[1].astype(inputs.dtype), *projection), grad)
+    s = jax.nn.sigmoid(g)
+    act = g * s
+    d_hidden, _, *d_down = adapted_backward(act * u, down, grad)
+    d_g = d_hidden * u * s * (1 + g * (1 - s))
+    dx_gate, _, *d_gate = adapted_backward(x, gate, d_g)
+    dx_up, _, *d_up = adapted_backward(x, up, d_hidden * act)
+    return dx_gate + dx_up, (None, *d_gate), (None, *d_up), (None, *d_down)
+
+
+adapted_swiglu_mlp.defvjp(_adapted_swiglu_forward, _adapted_swiglu_backward, symbolic_zeros=True)
 
 
 class LowRankKernel(NamedTuple):

@@ -115,6 +115,36 @@ def test_the_adapted_matmul_backward_equals_autodiff_and_refuses_a_trained_kerne
         jax.grad(lambda w: jnp.sum(lora.adapted_matmul(x, w, a, b)))(w)
 
 
+@pytest.mark.parametrize("up_rank", [3, 0], ids=["all-adapted", "up-plain"])
+def test_the_adapted_swiglu_backward_equals_autodiff_and_refuses_a_trained_kernel(up_rank):
+    """Against autodiff of silu(x Wg') * (x Wu') Wd' with W' = W + A B written out; a projection that
+    is not a target has a rank-0 update."""
+    keys = iter(jax.random.split(jax.random.key(0), 12))
+    normal = lambda *shape: jax.random.normal(next(keys), shape)
+    x, cotangent = normal(2, 5, 12), normal(2, 5, 12)
+    projections = [(normal(12, 9), normal(12, 3), normal(3, 9)), (normal(12, 9), normal(12, up_rank),
+                                                                   normal(up_rank, 9)),
+                   (normal(9, 12), normal(9, 2), normal(2, 12))]
+    kernels = [w for w, _, _ in projections]
+    adapters = [(a, b) for _, a, b in projections]
+
+    def ours(x, adapters):
+        frozen = [(jax.lax.stop_gradient(w), a, b) for w, (a, b) in zip(kernels, adapters)]
+        return lora.adapted_swiglu_mlp(x, *frozen)
+
+    def plain(x, adapters):
+        (wg, wu, wd), ((ag, bg), (au, bu), (ad, bd)) = kernels, adapters
+        return (jax.nn.silu(x @ wg + x @ ag @ bg) * (x @ wu + x @ au @ bu)) @ (wd + ad @ bd)
+
+    out, vjp = jax.vjp(ours, x, adapters)
+    want_out, want_vjp = jax.vjp(plain, x, adapters)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), rtol=1e-4, atol=1e-4)
+    for got, want in zip(jax.tree.leaves(vjp(cotangent)), jax.tree.leaves(want_vjp(cotangent))):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="kernels must be frozen"):
+        jax.grad(lambda w: jnp.sum(lora.adapted_swiglu_mlp(x, (w, *adapters[0]), *projections[1:])))(kernels[0])
+
+
 def _matmul_shapes(jaxpr) -> set[tuple[tuple[int, ...], int]]:
     """(output shape, contracted size) of every dot_general in `jaxpr` and the jaxprs nested in it."""
     shapes = set()
