@@ -1,6 +1,7 @@
 """The README's rollout numbers are those of the committed benchmark outputs in docs/bench/."""
 
 import pathlib
+import re
 
 from experiments.bench.rollout import INCREMENTAL
 
@@ -37,3 +38,19 @@ def test_the_readme_rollout_row_quotes_the_committed_p4g_and_tau2_outputs():
     assert f"**{whole['transformers, re-prefilling'][2]}x**, a bound" in row
     assert f"{whole['ours, re-prefilling'][2]}x ours re-prefilling" in row
     assert f"{whole['transformers, past_key_values'][2]}x transformers with" in row
+
+
+def summary(name: str, reference: str) -> dict[str, tuple[str, str, str]]:
+    """{dtype: (ours s, reference s, ratio)} of a committed train_step or sft output's SmolLM2 lines."""
+    pattern = rf"  SmolLM2-135M (\w+): ours ([\d.]+)s, {reference} ([\d.]+)s.*ratio ([\d.]+);"
+    found = {m[1]: m.groups()[1:] for m in re.finditer(pattern, (ROOT / "docs/bench" / name).read_text())}
+    assert found, name
+    return found
+
+
+def test_the_readme_train_step_and_sft_rows_quote_the_committed_outputs():
+    readme = (ROOT / "README.md").read_text().splitlines()
+    for bench, reference in (("train_step", "torch"), ("sft", "peft")):
+        row = next(line for line in readme if line.startswith(f"| `{bench}`"))
+        for dtype, (ours, theirs, ratio) in summary(f"{bench}_smollm2.txt", reference).items():
+            assert f"{dtype} **{ratio}** ({ours} vs {theirs} s)" in row, (bench, dtype)

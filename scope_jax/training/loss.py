@@ -66,9 +66,11 @@ def role_loss(graphdef: nnx.GraphDef, params, ref_params, batch: RoleBatch, weig
     `token_weights` from `aggregation_weights(mask, "token_mean")` weight the metrics, so each metric's
     total over micro-batches is its mean over the role's tokens (entropy, clip fraction, ratio, KL).
     """
+    # the same head for the policy and the reference, so that equal weights give bit-equal log-probs
+    entropy_gradient = bool(config.entropy_coef)
     stats = token_logprobs(graphdef, params, batch.tokens, batch.positions, chunk_size=config.chunk_size,
                            temperature=config.temperature, allowed=config.allowed_tokens,
-                           entropy_gradient=bool(config.entropy_coef))
+                           entropy_gradient=entropy_gradient)
     mask = batch.loss_mask.astype(jnp.float32)
     logp = jnp.where(mask > 0, stats.logprobs, 0.0)
     per_token, clipped = clipped_policy_loss(logp, batch.old_logprobs * mask, batch.advantages,
@@ -86,7 +88,7 @@ def role_loss(graphdef: nnx.GraphDef, params, ref_params, batch: RoleBatch, weig
     if config.kl_coef:
         ref = token_logprobs(graphdef, jax.lax.stop_gradient(ref_params), batch.tokens, batch.positions,
                              chunk_size=config.chunk_size, temperature=config.temperature,
-                             allowed=config.allowed_tokens, entropy_gradient=False).logprobs
+                             allowed=config.allowed_tokens, entropy_gradient=entropy_gradient).logprobs
         kl = KL_ESTIMATORS[config.kl_estimator](logp, jnp.where(mask > 0, ref, 0.0))
         loss = loss + config.kl_coef * weighted(kl)
         metrics["kl"] = token_mean(kl)

@@ -129,10 +129,14 @@ def test_each_listed_model_voices_the_episodes_of_its_schedule():
 
 def test_self_play_updates_carry_the_simulator_roles_gradient():
     """One set of weights plays both roles: with the agent's advantages 0 and the simulator's 1, the update
-    moves the weights (the simulator turns' gradient), and with both roles' advantages 0 it does not."""
+    moves the weights (the simulator turns' gradient), and with both roles' advantages 0 it does not. The
+    KL anchor is off, so the advantages are the only source of gradient (the policy's and the frozen
+    reference's log-probs of equal weights agree to round-off, not bit for bit: the policy's attention
+    runs its custom VJP's forward rule)."""
     config = get_config("selfplay")
     config.rollout.update(groups=2, group_size=2)
     config.env.max_turns = 1
+    config.algo.update(kl_coef=0.0, sim_kl_coef=0.0)
     setup = build(config)
     episodes = rl_step.play_episodes(setup, setup.state, 0)
     batch = rl_step.make_batch(setup, episodes, rl_step.role_advantages(setup, episodes), 0)
