@@ -76,7 +76,7 @@ def _metric_entropy_forward(hidden, weight, targets, temperature, allowed):
     if weight.perturbed:  # the weight's gradient needs the logits again: keep the inputs only
         return head_stats(h, w, t, temperature, mask), (h, w, t, None)
     stats, probs = _softmax_stats(_logits(h, w, temperature, mask), t)
-    # d log p(t) / d logits = onehot(t) - probs (0 outside `allowed`), times d logits / d h = W^T / temperature
+    # d log p(t) / d logits = onehot(t) - probs (0 outside `allowed`); d logits / d h = W^T / temperature
     target_rows = w.T[t].astype(jnp.float32) * (1.0 if mask is None else mask[t][..., None])
     expected_row = jnp.einsum("...v,dv->...d", probs.astype(h.dtype), w.astype(h.dtype),
                               preferred_element_type=jnp.float32)
@@ -85,7 +85,8 @@ def _metric_entropy_forward(hidden, weight, targets, temperature, allowed):
 
 def _metric_entropy_backward(temperature, allowed, residuals, grad: TokenStats):
     if not isinstance(grad.entropy, SymbolicZero):
-        raise ValueError("this entropy is a metric: token_logprobs(..., entropy_gradient=True) differentiates it")
+        raise ValueError("this entropy is a metric: token_logprobs(..., entropy_gradient=True) "
+                         "differentiates it")
     h, w, t, d_hidden = residuals
     if isinstance(grad.logprobs, SymbolicZero):
         return None, None, None

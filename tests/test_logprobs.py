@@ -84,8 +84,8 @@ def test_a_frozen_head_with_a_metric_entropy_runs_one_matmul_less():
     """The gradient of a tied-embedding model's log-probs with its embedding frozen (as under LoRA): with
     the entropy a metric, the head's backward pass runs no matmul (the hidden gradient comes from the
     forward pass) where checkpointed autodiff runs the logits again and then the hidden gradient."""
-    config = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=1,
-                         num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True)
+    config = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32,
+                         num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True)
     graphdef, params = init(config, seed=0)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 9)))
     positions = jnp.broadcast_to(jnp.arange(9), tokens.shape)

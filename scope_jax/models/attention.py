@@ -149,7 +149,8 @@ def normalize(partial: Partial, dtype) -> jax.Array:
 
 
 def attention(q, k, v, q_pos, k_pos, block: int = BLOCK) -> jax.Array:
-    """softmax(q k^T / sqrt(d), over visible keys) v, [N, H, Q, d]: one tile or blockwise (module docstring)."""
+    """softmax(q k^T / sqrt(d), over visible keys) v, [N, H, Q, d]: one tile or blockwise (module
+    docstring)."""
     return _attention(q, k, v, q_pos, k_pos, block)
 
 

@@ -103,6 +103,7 @@ def nll_loss(graphdef: nnx.GraphDef, params, batch: TokenBatch, weights: jax.Arr
     `aggregation_weights(batch.loss_mask, "token_mean")` on the full batch (so micro-batches add up to the
     full batch's token mean). Log-probs are taken at `config.temperature` and over `allowed_tokens`."""
     stats = token_logprobs(graphdef, params, batch.tokens, batch.positions, chunk_size=config.chunk_size,
-                           temperature=config.temperature, allowed=config.allowed_tokens, entropy_gradient=False)
+                           temperature=config.temperature, allowed=config.allowed_tokens,
+                           entropy_gradient=False)
     nll = jnp.sum(jnp.where(batch.loss_mask > 0, -stats.logprobs, 0.0) * weights)
     return nll, {"nll": jax.lax.stop_gradient(nll)}
