@@ -66,7 +66,7 @@ def role_loss(graphdef: nnx.GraphDef, params, ref_params, batch: RoleBatch, weig
     `token_weights` from `aggregation_weights(mask, "token_mean")` weight the metrics, so each metric's
     total over micro-batches is its mean over the role's tokens (entropy, clip fraction, ratio, KL).
     """
-    # the same head for the policy and the reference, so that equal weights give bit-equal log-probs
+    # the reference runs the policy's head path: their log-probs of equal weights differ by round-off at most
     entropy_gradient = bool(config.entropy_coef)
     stats = token_logprobs(graphdef, params, batch.tokens, batch.positions, chunk_size=config.chunk_size,
                            temperature=config.temperature, allowed=config.allowed_tokens,
