@@ -8,6 +8,7 @@ import pytest
 
 from scope_jax.logprobs import head_stats, metric_entropy_stats, token_logprobs
 from scope_jax.models import ModelConfig, init
+from tests.jaxprs import dot_generals
 
 VOCAB, DIM = 11, 8
 ALLOWED = (1, 3, 4, 7)
@@ -68,18 +69,6 @@ def test_differentiating_a_metric_entropy_is_refused():
         jax.grad(lambda h: jnp.sum(metric_entropy_stats(h, weight, targets, 1.0, None).entropy))(hidden)
 
 
-def count_dots(jaxpr) -> int:
-    """dot_general equations of a jaxpr, those of its sub-jaxprs (scan and custom-VJP bodies) included."""
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += eqn.primitive.name == "dot_general"
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else [value]:
-                if isinstance(sub, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)):
-                    count += count_dots(getattr(sub, "jaxpr", sub))
-    return count
-
-
 def test_a_frozen_head_with_a_metric_entropy_runs_one_matmul_less():
     """The gradient of a tied-embedding model's log-probs with its embedding frozen (as under LoRA): with
     the entropy a metric, the head's backward pass runs no matmul (the hidden gradient comes from the
@@ -95,6 +84,6 @@ def test_a_frozen_head_with_a_metric_entropy_runs_one_matmul_less():
             p = {**p, "embed_tokens": jax.lax.stop_gradient(p["embed_tokens"])}
             return jnp.sum(token_logprobs(graphdef, p, tokens, positions, chunk_size=4,
                                           entropy_gradient=entropy_gradient).logprobs)
-        return count_dots(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+        return len(list(dot_generals(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)))
 
     assert dots(True) - dots(False) == 1

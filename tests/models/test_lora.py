@@ -15,6 +15,7 @@ from scope_jax import kv_cache
 from scope_jax.models import ModelConfig, forward, from_pretrained, init, lora, save_pretrained
 from scope_jax.models.decoder import population_member
 from scope_jax.sampling import SamplingConfig, generate, generate_population
+from tests.jaxprs import dot_generals
 from scope_jax.training.state import stack_population
 
 from ..test_kv_cache import play
@@ -149,16 +150,10 @@ def test_the_adapted_swiglu_backward_equals_autodiff_and_refuses_a_trained_kerne
 def _matmul_shapes(jaxpr) -> set[tuple[tuple[int, ...], int]]:
     """(output shape, contracted size) of every dot_general in `jaxpr` and the jaxprs nested in it."""
     shapes = set()
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            (contracting, _), _ = eqn.params["dimension_numbers"]
-            contracted = int(np.prod([eqn.invars[0].aval.shape[d] for d in contracting]))
-            shapes |= {(tuple(v.aval.shape), contracted) for v in eqn.outvars}
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    shapes |= _matmul_shapes(inner)
+    for eqn in dot_generals(jaxpr):
+        (contracting, _), _ = eqn.params["dimension_numbers"]
+        contracted = int(np.prod([eqn.invars[0].aval.shape[d] for d in contracting]))
+        shapes |= {(tuple(v.aval.shape), contracted) for v in eqn.outvars}
     return shapes
 
 

@@ -9,20 +9,12 @@ import numpy as np
 from scope_jax.logprobs import token_logprobs
 from scope_jax.models import decoder
 from scope_jax.models.tiny import tiny_config
+from tests.jaxprs import dot_generals
 
 
 def _dot_operand_dtypes(jaxpr) -> list[tuple[str, ...]]:
     """The operand dtypes of every dot_general in `jaxpr` and the jaxprs nested in it."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            found.append(tuple(str(v.aval.dtype) for v in eqn.invars))
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    found += _dot_operand_dtypes(inner)
-    return found
+    return [tuple(str(v.aval.dtype) for v in eqn.invars) for eqn in dot_generals(jaxpr)]
 
 
 def test_bfloat16_compute_from_float32_weights_is_the_float32_model_to_bfloat16_round_off():
