@@ -28,7 +28,6 @@ fidelity.json, fidelity.md (the table), figures/donations.png, dialogues.jsonl, 
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import operator
 import pathlib
@@ -229,10 +228,6 @@ def goals_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def adapter_sha256(folder: str | pathlib.Path) -> str:
-    return hashlib.sha256(lora.adapter_weights_file(folder).read_bytes()).hexdigest()
-
-
 def references(config, env: P4GEnv) -> tuple[np.ndarray, dict]:
     """(other people's donations: the non-held-out participants', once each; the traits-only ceiling fitted
     on the judge split and scored on the held-out participants)."""
@@ -296,7 +291,7 @@ def evaluate(config, run_dir: RunDir, played: dict[str, tuple] | None, adapter: 
     results = fidelity_results(arms, own, others, ceiling, config.seed)
     results["cases"] = about
     if adapter is not None:
-        results["adapter_sha256"] = adapter_sha256(adapter)
+        results["adapter_sha256"] = lora.adapter_sha256(adapter)
     write(run_dir, results, config.model)
     return results
 

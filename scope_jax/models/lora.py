@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -430,6 +431,11 @@ def adapter_weights_file(folder: str | os.PathLike) -> Path:
         raise ValueError(f"{folder} holds {' and '.join(f.name for f in found)}: which adapter is ambiguous")
     return found[0]
 
+
+
+def adapter_sha256(folder: str | os.PathLike) -> str:
+    """The sha256 of the weights file of the adapter saved in `folder`: which adapter a result came from."""
+    return hashlib.sha256(adapter_weights_file(folder).read_bytes()).hexdigest()
 
 def load_adapter(folder: str | os.PathLike) -> tuple[LoRAConfig, Params]:
     """(its LoRAConfig, the adapter dict) of a folder written by `save_adapter` in either layout, or by

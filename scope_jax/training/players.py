@@ -9,7 +9,7 @@ Every player's chat template runs with thinking off (see `scope_jax.models.token
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,11 @@ from scope_jax.models.tokenizer import without_thinking
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
+
+
+def adapter_hashes(specs: Iterable[str]) -> dict[str, str]:
+    """{spec: the sha256 of its adapter's weights file} of the base+adapter specs among `specs`."""
+    return {spec: lora.adapter_sha256(spec.split("+", 1)[1]) for spec in specs if "+" in spec}
 
 def load_model(spec: str, *, words: tuple[str, ...] = (), dtype: str = "float32", remat: bool = False,
                mesh: Mesh | None = None) -> tuple[nnx.GraphDef, Any, Any]:

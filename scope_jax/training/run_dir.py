@@ -26,6 +26,7 @@ SUMMARY = "summary.md"
 METRICS = "metrics.jsonl"
 CONFIG = "config.json"
 TENSORBOARD = "tensorboard"
+ADAPTERS = "adapters.json"  # {base+adapter spec: the sha256 of its weights file} of the models a run loads
 
 
 class RunDirError(RuntimeError):
@@ -87,6 +88,18 @@ class RunDir:
         if run_dir.primary:
             (path / CONFIG).write_text(config_json)
         return run_dir
+
+    def pin(self, name: str, record: Mapping[str, Any]) -> None:
+        """Write `record` to the json file `name`, which a resumed run must find unchanged: what it names
+        (e.g. an adapter's bytes) must be what the run began with."""
+        text = json.dumps(_to_builtin(record), indent=1, sort_keys=True) + "\n"
+        file = self.path / name
+        if file.exists() and file.read_text() != text:
+            began = json.loads(file.read_text())
+            raise RunDirError(f"{file} no longer matches this run: it began with {began}, now "
+                              f"{dict(record)}; restore what changed or choose another --workdir")
+        if self.primary:
+            file.write_text(text)
 
     def __enter__(self) -> "RunDir":
         return self

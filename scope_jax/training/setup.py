@@ -28,7 +28,7 @@ from scope_jax.training.batch import Batch
 from scope_jax.training.config import Checked, check, loss_config
 from scope_jax.training.data_anchor import DataAnchor
 from scope_jax.training.optimizer import OptimizerConfig, make_optimizer
-from scope_jax.training.players import load_model
+from scope_jax.training.players import adapter_hashes, load_model
 from scope_jax.training.train_step import TrainStep, TrainStepConfig, compile_train_step, make_train_step
 
 
@@ -51,6 +51,7 @@ class Setup:
     mesh: jax.sharding.Mesh  # the state and the train step's batch sit on it
     rollout_mesh: jax.sharding.Mesh  # the players' generate calls shard rows over it
     anchor: DataAnchor | None = None  # the simulators' data anchor (sim.data_coef > 0)
+    adapters: dict[str, str] = dataclasses.field(default_factory=dict)  # {base+adapter spec: its sha256}
     _compiled: Any = None
 
     def rollout_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +91,8 @@ def build(config: ml_collections.ConfigDict, checked: Checked | None = None) -> 
     listed = tuple(player(spec, config.sim.remat) for spec in mode.listed_specs())
     sims = SimulatorModels(agent, stacked, listed)
     eval_sims = [player(spec) for spec in config.eval.sim_models]
+    adapters = adapter_hashes([config.agent.model, *mode.member_specs(), *mode.listed_specs(),
+                               *config.eval.sim_models])
 
     optimizer = make_optimizer(OptimizerConfig(**config.optimizer.to_dict()),
                                {group: group in mode.trained for group in params})
@@ -111,4 +114,4 @@ def build(config: ml_collections.ConfigDict, checked: Checked | None = None) -> 
     anchor = (DataAnchor.load(config.sim.data, env, trained_sim.tokenizer, config.seed)
               if config.sim.data_coef else None)
     return Setup(config, env, mode, local(agent), sims, [local(p) for p in eval_sims], state, step,
-                 step_config, mesh, rollout_mesh, anchor)
+                 step_config, mesh, rollout_mesh, anchor, adapters)

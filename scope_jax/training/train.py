@@ -24,7 +24,7 @@ from scope_jax.training import monitor
 from scope_jax.training import state as joint
 from scope_jax.training.checkpoint import Checkpointer, config_fingerprint
 from scope_jax.training.rl_step import make_episodes, play_shards, rl_step, rollout_key, shards, speakers
-from scope_jax.training.run_dir import RunDir
+from scope_jax.training.run_dir import ADAPTERS, RunDir
 from scope_jax.training.config import Checked
 from scope_jax.training.setup import Setup, build
 
@@ -38,6 +38,7 @@ def train(config: ml_collections.ConfigDict, run_dir: RunDir,
     """Run (or resume) training into `run_dir`; returns the final state and the last logged metrics.
     `checked`: what `training.config.check(config)` returned (checked here when not given)."""
     setup = build(config, checked)
+    run_dir.pin(ADAPTERS, setup.adapters)
     loop = CheckpointedLoop(config, run_dir, setup.state, setup.mesh, config.train.steps,
                             config.train.checkpoint_every, consecutive_skips=0)
     probes = monitor.Monitor(setup.env, config.monitor, setup.agent, config.seed, shards(setup))

@@ -1,6 +1,10 @@
 """A LoRA model as a player of the dialogue loop ("BASE+ADAPTER", e.g. the P4G human proxy as a frozen
 simulator): the population stacks its adapter over one unstacked base, and a training step runs."""
 
+import hashlib
+import json
+import shutil
+
 import jax
 import numpy as np
 import pytest
@@ -10,7 +14,9 @@ from scope_jax.models import lora
 from scope_jax.training import rl_step
 from scope_jax.training.config import make_env
 from scope_jax.training.players import load_model
+from scope_jax.training.run_dir import ADAPTERS, RunDir, RunDirError
 from scope_jax.training.setup import build
+from scope_jax.training.train import train
 from scope_jax.training.state import stack_population
 
 
@@ -46,3 +52,24 @@ def test_a_lora_population_stacks_the_adapters_over_one_base(adapter_folder):
     other = params._replace(base=jax.tree.map(lambda x: x + 1, params.base))
     with pytest.raises(ValueError, match="one base"):
         stack_population([params, other])
+
+
+def test_a_run_records_the_adapters_it_loads_and_refuses_to_resume_after_one_changed(adapter_folder,
+                                                                                    tmp_path):
+    folder = tmp_path / "judge"
+    shutil.copytree(adapter_folder, folder)
+    config = get_config("frozen")
+    config.eval.sim_models = (f"tiny:1+{folder}",)
+    config.rollout.update(groups=1, group_size=2)
+    config.train.update(steps=1, eval_every=0, eval_first=False, checkpoint_every=1)
+    (weights,) = folder.glob("*.safetensors")
+    with RunDir.create(tmp_path / "run", config) as run_dir:
+        train(config, run_dir)
+    recorded = json.loads((tmp_path / "run" / ADAPTERS).read_text())
+    assert recorded == {f"tiny:1+{folder}": hashlib.sha256(weights.read_bytes()).hexdigest()}
+    graphdef, base, _ = load_model("tiny:1", words=make_env(config.env).vocabulary)
+    _, other = lora.init(graphdef, base, lora.LoRAConfig(rank=2), seed=1)
+    lora.save_adapter(folder, other.adapter, lora.LoRAConfig(rank=2))
+    with pytest.raises(RunDirError, match="no longer matches this run"):
+        with RunDir.create(tmp_path / "run", config) as run_dir:  # unfinished: it would resume
+            train(config, run_dir)
