@@ -4,14 +4,15 @@
 
 Each DIR is one run of `experiments/configs/p4g_proxy.py` (the lever's settings given on its command line,
 e.g. `--config.train.last_reply_weight=7.0`; a lever may play the proxy arm alone,
-`--config.fidelity.arms="('proxy',)"`). `--recipe` is the run of the recipe as committed. For each run:
+`--config.fidelity.arms="('proxy',)"`). `--recipe` is the run of `p4g_proxy.py:recipe`. For each run:
 the settings it changed from the recipe (read from the two config.json; a key a run predates has the
-committed recipe's value), its last held-out NLL
+recipe's value, `p4g_proxy.py:recipe`), its last held-out NLL
 (metrics.jsonl), and its proxy's fidelity on the held-out participants (dialogues.jsonl): the statistics
 with bootstrap intervals, the human floor at its sizes, and the goals met (`p4g_proxy.GOALS`); for a lever,
 its change from the recipe, paired by participant (the same bootstrap resamples for both). Written to
-docs/results/p4g_proxy/levers/: levers.json, levers.md (the table, from levers.json alone) and each lever's
-summary.md and gzipped dialogues (NAME/).
+docs/results/p4g_proxy/levers/: levers.json, levers.md (the table, from levers.json alone) and each run's
+summary.md and gzipped dialogues (NAME/, the recipe's in recipe/: they stay when another run becomes the
+judge).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def changed_settings(recipe: dict[str, Any], lever: dict[str, Any]) -> dict[str, list]:
     """{key: [recipe's value, lever's value]} of the config keys the lever changed (UNCOMPARED left out).
-    A key a run's config.json lacks (the run predates the key) has the committed recipe's value."""
-    now = flat(get_config().to_dict())
+    A key a run's config.json lacks (the run predates the key) has the recipe's value
+    (`p4g_proxy.py:recipe`)."""
+    now = flat(get_config("recipe").to_dict())
     a, b = now | flat(recipe), now | flat(lever)
     return {k: [a[k], b[k]] for k in sorted(a) if a[k] != b[k] and k not in UNCOMPARED}
 
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         levers[name] = pathlib.Path(run)
     results = gather(pathlib.Path(args.recipe), levers)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    for name, run in levers.items():
+    for name, run in {"recipe": pathlib.Path(args.recipe), **levers}.items():
         shutil.rmtree(RESULTS / name, ignore_errors=True)
         (RESULTS / name).mkdir()
         shutil.copy(run / "summary.md", RESULTS / name / "summary.md")

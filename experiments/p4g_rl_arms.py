@@ -5,8 +5,10 @@
 Each arm is one run of `experiments/configs/p4g_rl.py:ARM` in DIR/p4g-rl-ARM (the README's commands). For
 every held-out evaluation (samples/eval-step-S.jsonl: the agent of that step, before its update, against
 the judge) it counts the dialogues' outcomes; for every train step, the reward and unreadable share
-against what the agent trained against (metrics.jsonl). Written to docs/results/p4g_rl/: arms.json, arms.md
-(the table, from arms.json alone) and each arm's evaluation transcripts (ARM/eval-step-S.jsonl).
+against what the agent trained against (metrics.jsonl). Every arm must have been judged by the committed
+judge (`JUDGE`): the sha256 its run recorded of the judge's adapter (adapters.json) is checked. Written to
+docs/results/p4g_rl/: arms.json, arms.md (the table, from arms.json alone) and each arm's evaluation
+transcripts (ARM/eval-step-S.jsonl).
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ import pathlib
 import shutil
 from typing import Any, Callable
 
+from scope_jax.models import lora
+from scope_jax.training.run_dir import ADAPTERS
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results" / "p4g_rl"
+JUDGE = ROOT / "docs" / "results" / "p4g_proxy" / "adapter"
 ARMS = ("frozen", "verbalized", "fitted", "cotrain_data")
 LABELS = {"frozen": "prompted simulator, frozen", "verbalized": "Verbalized Sampling",
           "fitted": "fitted on the simulator split, frozen", "cotrain_data": "Co-Training + data anchor"}
@@ -52,7 +58,24 @@ def gather(run: pathlib.Path) -> dict[str, Any]:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [{"step": r["step"], "reward": r["reward"], "unreadable": r.get("env/unreadable", math.nan)}
              for r in records]
-    return {"evaluations": evaluations, "train": train}
+    return {"evaluations": evaluations, "train": train, "judge_adapter_sha256": judge_sha256(run)}
+
+
+def judge_sha256(run: pathlib.Path) -> str:
+    """The sha256 of the judge's adapter as the run recorded it when it began."""
+    if not (run / ADAPTERS).exists():
+        raise SystemExit(f"p4g_rl_arms: {run} has no {ADAPTERS} (the run predates that record); run it again")
+    (judge,) = json.loads((run / "config.json").read_text())["eval"]["sim_models"]
+    return json.loads((run / ADAPTERS).read_text())[judge]
+
+
+def check_judge(results: dict[str, dict], committed: str) -> None:
+    """Refuse arms judged by any adapter other than the committed judge's (sha256 `committed`)."""
+    for arm, record in results.items():
+        if record["judge_adapter_sha256"] != committed:
+            raise SystemExit(f"p4g_rl_arms: {arm} was judged by the adapter with sha256 "
+                             f"{record['judge_adapter_sha256'][:12]}, not the committed judge's "
+                             f"{committed[:12]} ({JUDGE}); run it again")
 
 
 def fmt(value: float) -> str:
@@ -88,8 +111,10 @@ def table(results: dict[str, dict]) -> str:
     lines += [f"| {LABELS[name]} | " + " | ".join(cell(arm) for _, cell in COLUMNS) + " |"
               for name, arm in results.items()]
     steps = sorted({int(s) for arm in results.values() for s in arm["evaluations"]})
+    judges = sorted({arm["judge_adapter_sha256"][:12] for arm in results.values()})
     return "\n".join(lines) + (f"\n\nEvaluations at steps {', '.join(map(str, steps))}, each before that "
-                               "step's update, on the held-out personas drawn for that step.\n")
+                               "step's update, on the held-out personas drawn for that step, against the "
+                               f"judge whose adapter's sha256 begins {' / '.join(judges)}.\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -100,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     runs = {arm: pathlib.Path(args.runs) / f"p4g-rl-{arm}" for arm in args.arms}
     results = {arm: gather(run) for arm, run in runs.items()}
+    check_judge(results, lora.adapter_sha256(JUDGE))
     RESULTS.mkdir(parents=True, exist_ok=True)
     for arm, run in runs.items():
         shutil.rmtree(RESULTS / arm, ignore_errors=True)

@@ -29,7 +29,7 @@ def test_a_lever_is_compared_with_the_recipe_participant_by_participant(tmp_path
         pytest.skip(f"P4G data folder absent ({DATA})")
     with gzip.open(COMMITTED / "dialogues.jsonl.gz", "rt") as f:
         played = [json.loads(line) for line in f]
-    config = get_config()
+    config = get_config("recipe")
     config.data.data_dir = str(DATA)
     recipe = write_run(tmp_path / "recipe", config, played)
     saved = json.loads((recipe / "config.json").read_text())

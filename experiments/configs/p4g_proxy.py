@@ -2,7 +2,8 @@
 turns, then its donation fidelity on the held-out participants, with intervals, next to the prompted model,
 the human floors and the traits-only ceiling.
 
-    python -m experiments.run --config=experiments/configs/p4g_proxy.py        # this CPU (docs/sft.md)
+    python -m experiments.run --config=experiments/configs/p4g_proxy.py        # the judge (docs/sft.md)
+    python -m experiments.run --config=experiments/configs/p4g_proxy.py:recipe # the recipe, before the levers
     python -m experiments.run --config=experiments/configs/p4g_proxy.py:quick  # 2 SFT steps, 4 people x 2
     python -m experiments.run --config=experiments/configs/p4g_proxy.py:committed  # the committed adapter's
                                                                                   # table, no training
@@ -14,7 +15,8 @@ the human floors and the traits-only ceiling.
     python -m experiments.run --config=experiments/configs/p4g_proxy.py:references # floors, ceiling, no model
 
 The judge is fitted on the judge split of the people only (no training simulator shares a person with
-it; docs/p4g.md), with the recipe of `sft.lora_persuadee` (docs/sft.md has the measurements), then played
+it; docs/p4g.md), with the recipe of `sft.lora_persuadee` and the two levers `JUDGE_LEVERS` (chosen by a
+rule fixed before their run; docs/sft.md has the measurements; `:recipe` leaves them out), then played
 on every held-out participant with a valid donation, `fidelity.samples` dialogues each. `replay` plays the
 committed proxy on the first `fidelity.batch` participants once: the first batch of the committed run, so
 its dialogues.jsonl equals the first lines of the committed proxy dialogues (docs/sft.md shows the check).
@@ -26,11 +28,14 @@ from experiments.configs.sft import lora_persuadee
 from experiments.jobs.p4g_proxy import default_config
 
 COMMITTED = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results" / "p4g_proxy"
+JUDGE_LEVERS = {"steps": 200, "last_reply_weight": 7.0}  # the judge's train settings beyond the recipe
 
 
 def get_config(arg: str = ""):
     config = lora_persuadee(default_config())
     config.data.train_split = "judge"
+    if arg != "recipe":
+        config.train.update(JUDGE_LEVERS)
     config.fidelity.update(dialogues=0, samples=4, batch=32, max_turns=4, max_new_tokens=40)
     if arg == "quick":
         config.data.update(max_turns=2, train_dialogues=8, eval_dialogues=4)
@@ -43,7 +48,7 @@ def get_config(arg: str = ""):
             config.fidelity.update(arms=("proxy",), dialogues=config.fidelity.batch, samples=1)
     elif arg == "references":
         config.fidelity.arms = ()
-    elif arg:
-        raise ValueError(f"unknown argument {arg!r}; use nothing, 'quick', 'committed', 'rescore', 'replay' "
-                         "or 'references'")
+    elif arg not in ("", "recipe"):
+        raise ValueError(f"unknown argument {arg!r}; use nothing, 'recipe', 'quick', 'committed', 'rescore', "
+                         "'replay' or 'references'")
     return config
