@@ -432,10 +432,10 @@ def adapter_weights_file(folder: str | os.PathLike) -> Path:
     return found[0]
 
 
-
 def adapter_sha256(folder: str | os.PathLike) -> str:
     """The sha256 of the weights file of the adapter saved in `folder`: which adapter a result came from."""
     return hashlib.sha256(adapter_weights_file(folder).read_bytes()).hexdigest()
+
 
 def load_adapter(folder: str | os.PathLike) -> tuple[LoRAConfig, Params]:
     """(its LoRAConfig, the adapter dict) of a folder written by `save_adapter` in either layout, or by

@@ -25,10 +25,10 @@ from scope_jax.models.tokenizer import without_thinking
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-
 def adapter_hashes(specs: Iterable[str]) -> dict[str, str]:
     """{spec: the sha256 of its adapter's weights file} of the base+adapter specs among `specs`."""
     return {spec: lora.adapter_sha256(spec.split("+", 1)[1]) for spec in specs if "+" in spec}
+
 
 def load_model(spec: str, *, words: tuple[str, ...] = (), dtype: str = "float32", remat: bool = False,
                mesh: Mesh | None = None) -> tuple[nnx.GraphDef, Any, Any]:

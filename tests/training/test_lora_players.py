@@ -1,5 +1,6 @@
 """A LoRA model as a player of the dialogue loop ("BASE+ADAPTER", e.g. the P4G human proxy as a frozen
-simulator): the population stacks its adapter over one unstacked base, and a training step runs."""
+simulator): the population stacks its adapter over one unstacked base, a training step runs, and a run
+records the adapters it loads."""
 
 import hashlib
 import json
