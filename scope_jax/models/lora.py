@@ -107,7 +107,7 @@ def adapted_matmul(x: jax.Array, kernel: jax.Array, a: jax.Array, b: jax.Array) 
 
 
 def _merged(kernel: jax.Array, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
-    return (kernel + a @ b).astype(dtype)
+    return (kernel if a.shape[-1] == 0 else kernel + a @ b).astype(dtype)  # rank 0: a plain projection
 
 
 def _adapted_matmul_forward(x, kernel, a, b):
@@ -143,8 +143,7 @@ class LoRALinear(nnx.Linear):
         self.scale = scale
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x.astype(self.dtype or jnp.result_type(x, self.kernel[...]))
-        y = adapted_matmul(x, self.kernel[...], self.lora_a[...], self.scale * self.lora_b[...])
+        y = adapted_matmul(_input(self, x), *_adapted(self))
         return y if self.bias is None else y + self.bias[...].astype(y.dtype)
 
 
@@ -153,8 +152,13 @@ class LoRAMLP(MLP):
     not a target has a rank-0 update."""
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = x.astype(self.gate_proj.dtype or jnp.result_type(x, self.gate_proj.kernel[...]))
-        return adapted_swiglu_mlp(x, *map(_adapted, (self.gate_proj, self.up_proj, self.down_proj)))
+        return adapted_swiglu_mlp(_input(self.gate_proj, x),
+                                  *map(_adapted, (self.gate_proj, self.up_proj, self.down_proj)))
+
+
+def _input(p: nnx.Linear, x: jax.Array) -> jax.Array:
+    """x in the projection's compute dtype, as nnx.Linear casts it."""
+    return x.astype(p.dtype or jnp.result_type(x, p.kernel[...]))
 
 
 def _adapted(p: nnx.Linear) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -70,8 +70,10 @@ def build(config: ml_collections.ConfigDict, checked: Checked | None = None) -> 
     mode, env = checked if checked is not None else check(config)
     words = getattr(env, "vocabulary", ())
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    loaded: list[str] = []  # every model spec the run loads, for `adapters`
 
     def player(spec: str, remat: bool = False) -> Player:
+        loaded.append(spec)
         graphdef, params, tokenizer = load_model(spec, words=words, dtype=config.agent.dtype, remat=remat,
                                                  mesh=mesh)
         sampling = SamplingConfig(
@@ -91,8 +93,6 @@ def build(config: ml_collections.ConfigDict, checked: Checked | None = None) -> 
     listed = tuple(player(spec, config.sim.remat) for spec in mode.listed_specs())
     sims = SimulatorModels(agent, stacked, listed)
     eval_sims = [player(spec) for spec in config.eval.sim_models]
-    adapters = adapter_hashes([config.agent.model, *mode.member_specs(), *mode.listed_specs(),
-                               *config.eval.sim_models])
 
     optimizer = make_optimizer(OptimizerConfig(**config.optimizer.to_dict()),
                                {group: group in mode.trained for group in params})
@@ -114,4 +114,4 @@ def build(config: ml_collections.ConfigDict, checked: Checked | None = None) -> 
     anchor = (DataAnchor.load(config.sim.data, env, trained_sim.tokenizer, config.seed)
               if config.sim.data_coef else None)
     return Setup(config, env, mode, local(agent), sims, [local(p) for p in eval_sims], state, step,
-                 step_config, mesh, rollout_mesh, anchor, adapters)
+                 step_config, mesh, rollout_mesh, anchor, adapter_hashes(loaded))
