@@ -6,16 +6,19 @@ mask over tokens therefore selects exactly the tokens a role sampled. With `allo
 that samples under constrained decoding), p is the softmax restricted to them, the distribution the
 tokens were drawn from; other tokens get log-prob about -1e9, so mask them out.
 
-The output head runs over sequence chunks, so neither the forward nor the backward pass ever holds the
-full (batch x length x vocab) logits: only one chunk's. The backward pass looks at a chunk's logits again
-(`jax.checkpoint`), except where it need not: when the entropy is a metric rather than a loss term
-(`entropy_gradient=False`) and the head weight is frozen (a LoRA base), the forward pass already computes
-each log-prob's gradient with respect to the hidden state, one matmul instead of two.
+The output head runs over sequence chunks, so neither the forward nor the backward pass holds more than
+one chunk's (batch x chunk x vocab) logits. By default a chunk's float32 logits fit in LOGITS_BYTES, so a
+small batch is one chunk. `head_stats` writes the backward pass out: it computes the logits again (XLA
+reuses the forward's when there is one chunk) and takes d/d logits in closed form from the saved
+log-sum-exp and entropy. When the entropy is a metric rather than a loss term (`entropy_gradient=False`)
+and the head weight is frozen (a LoRA base), the forward pass already computes each log-prob's gradient
+with respect to the hidden state, so the backward pass runs no matmul.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import chex
@@ -24,7 +27,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.custom_derivatives import SymbolicZero
 
-from scope_jax.models.decoder import Params, bind
+from scope_jax.models.decoder import Params, bind, xla_cpu_layouts
+
+
+LOGITS_BYTES = 512 * 2**20  # the float32 logits of one head chunk at most, when no chunk size is given
 
 
 class TokenStats(NamedTuple):
@@ -40,71 +46,104 @@ def _logits(hidden: jax.Array, weight: jax.Array, temperature: float, allowed: j
     return logits if allowed is None else jnp.where(allowed, logits, -1e9)
 
 
-def _softmax_stats(logits: jax.Array, targets: jax.Array) -> tuple[TokenStats, jax.Array]:
-    """(log p(target) and entropy, the probabilities) of softmax(logits)."""
+def _softmax_stats(logits: jax.Array, targets: jax.Array) -> tuple[TokenStats, jax.Array, jax.Array]:
+    """(log p(target) and entropy, log-sum-exp, probabilities) of softmax(logits)."""
     # exp once and sum it: XLA:CPU runs logsumexp's fused exp-and-sum several times slower
     top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     unnormalized = jnp.exp(logits - top)
     total = jnp.sum(unnormalized, axis=-1)
     lse, probs = top[..., 0] + jnp.log(total), unnormalized / total[..., None]
     target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return TokenStats(target_logits - lse, lse - jnp.sum(probs * logits, axis=-1)), probs
+    return TokenStats(target_logits - lse, lse - jnp.sum(probs * logits, axis=-1)), lse, probs
 
 
-def head_stats(hidden: jax.Array, weight: jax.Array, targets: jax.Array,
-               temperature: float = 1.0, allowed: jax.Array | None = None) -> TokenStats:
-    """log p(target) and entropy of softmax(hidden @ weight / temperature), in float32; with `allowed`
-    (bool [V]) the softmax is restricted to the allowed tokens."""
-    return _softmax_stats(_logits(hidden, weight, temperature, allowed), targets)[0]
+def head_weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
+    """sum over tokens of inputs^T grad, [d, vocab]: the output head weight's gradient. On XLA:CPU the
+    small operand (tokens x d) is transposed and the product kept [d, vocab], both behind barriers: left
+    to itself XLA transposes `grad` (tokens x vocab) or the product and multiplies on a slower path."""
+    tokens = lambda a: a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+    if not xla_cpu_layouts():
+        return tokens(inputs).T @ tokens(grad)
+    barrier = jax.lax.optimization_barrier
+    return barrier(barrier(tokens(inputs).T) @ tokens(grad))
 
 
 def _allowed_mask(allowed: tuple[int, ...] | None, vocab: int) -> jax.Array | None:
     return None if allowed is None else jnp.zeros(vocab, bool).at[jnp.asarray(allowed)].set(True)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def metric_entropy_stats(hidden: jax.Array, weight: jax.Array, targets: jax.Array, temperature: float,
-                         allowed: tuple[int, ...] | None) -> TokenStats:
-    """`head_stats` (allowed: token ids) whose entropy is a metric: differentiating it raises. With a frozen
-    `weight` the forward pass keeps d log p(target) / d hidden, so the backward pass runs no matmul."""
-    return head_stats(hidden, weight, targets, temperature, _allowed_mask(allowed, weight.shape[-1]))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def head_stats(hidden: jax.Array, weight: jax.Array, targets: jax.Array, temperature: float = 1.0,
+               allowed: tuple[int, ...] | None = None, entropy_gradient: bool = True) -> TokenStats:
+    """log p(target) and entropy of softmax(hidden @ weight / temperature), in float32; with `allowed`
+    (token ids) the softmax is restricted to them.
+
+    The backward pass is written out: it runs the logits matmul again and takes d/d logits in closed
+    form from the saved log-sum-exp and entropy, so it keeps no [.., vocab] array. With
+    entropy_gradient=False the entropy is a metric (differentiating it raises), and with the weight frozen
+    too the forward pass keeps d log p(target) / d hidden, so the backward pass runs no matmul.
+    """
+    return _softmax_stats(_logits(hidden, weight, temperature, _allowed_mask(allowed, weight.shape[-1])),
+                          targets)[0]
 
 
-def _metric_entropy_forward(hidden, weight, targets, temperature, allowed):
+def _head_stats_forward(hidden, weight, targets, temperature, allowed, entropy_gradient):
     h, w, t = hidden.value, weight.value, targets.value
     mask = _allowed_mask(allowed, w.shape[-1])
-    if weight.perturbed:  # the weight's gradient needs the logits again: keep the inputs only
-        return head_stats(h, w, t, temperature, mask), (h, w, t, None)
-    stats, probs = _softmax_stats(_logits(h, w, temperature, mask), t)
+    stats, lse, probs = _softmax_stats(_logits(h, w, temperature, mask), t)
+    if weight.perturbed or entropy_gradient:
+        return stats, (h, w, t, lse, stats.entropy, h if weight.perturbed else None, None)
     # d log p(t) / d logits = onehot(t) - probs (0 outside `allowed`); d logits / d h = W^T / temperature
     target_rows = w.T[t].astype(jnp.float32) * (1.0 if mask is None else mask[t][..., None])
     expected_row = jnp.einsum("...v,dv->...d", probs.astype(h.dtype), w.astype(h.dtype),
                               preferred_element_type=jnp.float32)
-    return stats, (None, None, None, ((target_rows - expected_row) / temperature).astype(h.dtype))
+    d_hidden = ((target_rows - expected_row) / temperature).astype(h.dtype)
+    return stats, (None, None, None, None, None, None, d_hidden)
 
 
-def _metric_entropy_backward(temperature, allowed, residuals, grad: TokenStats):
-    if not isinstance(grad.entropy, SymbolicZero):
+def _head_stats_backward(temperature, allowed, entropy_gradient, residuals, grad: TokenStats):
+    if not entropy_gradient and not isinstance(grad.entropy, SymbolicZero):
         raise ValueError("this entropy is a metric: token_logprobs(..., entropy_gradient=True) "
                          "differentiates it")
-    h, w, t, d_hidden = residuals
-    if isinstance(grad.logprobs, SymbolicZero):
+    h, w, t, lse, entropy, weight_inputs, d_hidden = residuals
+    zero = lambda g: None if isinstance(g, SymbolicZero) else g
+    d_logprobs, d_entropy = zero(grad.logprobs), zero(grad.entropy)
+    if d_logprobs is None and d_entropy is None:
         return None, None, None
     if d_hidden is not None:
-        return (grad.logprobs[..., None] * d_hidden).astype(d_hidden.dtype), None, None
+        return (d_logprobs[..., None] * d_hidden).astype(d_hidden.dtype), None, None
     mask = _allowed_mask(allowed, w.shape[-1])
-    _, backward = jax.vjp(lambda h, w: head_stats(h, w, t, temperature, mask).logprobs, h, w)
-    return (*backward(grad.logprobs), None)
+    logits = _logits(h, w, temperature, mask)
+    probs = jnp.exp(logits - lse[..., None])
+    # d log p(t) / d logits = onehot(t) - p;  d entropy / d logits = -p (logits - lse + entropy)
+    d_logprobs = jnp.zeros_like(lse) if d_logprobs is None else d_logprobs
+    d_logits = d_logprobs[..., None] * (jax.nn.one_hot(t, w.shape[-1], dtype=probs.dtype) - probs)
+    if d_entropy is not None:
+        d_logits -= d_entropy[..., None] * probs * (logits - (lse - entropy)[..., None])
+    if mask is not None:  # outside `allowed` the logits are a constant
+        d_logits = jnp.where(mask, d_logits, 0.0)
+    d_logits = (d_logits / temperature).astype(h.dtype)
+    d_h = jnp.einsum("...v,dv->...d", d_logits, w.astype(h.dtype), preferred_element_type=jnp.float32)
+    d_w = None if weight_inputs is None else head_weight_grad(weight_inputs, d_logits).astype(w.dtype)
+    return d_h.astype(h.dtype), d_w, None
 
 
-metric_entropy_stats.defvjp(_metric_entropy_forward, _metric_entropy_backward, symbolic_zeros=True)
+head_stats.defvjp(_head_stats_forward, _head_stats_backward, symbolic_zeros=True)
+
+
+def head_chunk(batch: int, positions: int, vocab: int) -> int:
+    """The default sequence chunk of the output head: the fewest equal chunks of `positions` whose float32
+    logits (batch x chunk x vocab) each fit in LOGITS_BYTES."""
+    chunks = -(-batch * positions * vocab * 4 // LOGITS_BYTES)
+    return max(1, -(-positions // chunks))
 
 
 def token_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, positions: jax.Array, *,
-                   chunk_size: int = 128, temperature: float = 1.0,
+                   chunk_size: int | None = None, temperature: float = 1.0,
                    allowed: tuple[int, ...] | None = None, entropy_gradient: bool = True) -> TokenStats:
-    """Per-token log-probs and entropies of `tokens` [B, L] under the model (see module docstring); with
-    entropy_gradient=False the entropy is a metric (`metric_entropy_stats`)."""
+    """Per-token log-probs and entropies of `tokens` [B, L] under the model (see module docstring);
+    chunk_size: the head's sequence chunk (None: `head_chunk`); with entropy_gradient=False the entropy is a
+    metric (`head_stats`)."""
     chex.assert_rank([tokens, positions], 2)
     model = bind(graphdef, params)
     hidden, _ = model.hidden(tokens, positions)
@@ -112,18 +151,14 @@ def token_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, po
     batch, length, dim = hidden.shape
     # Hidden state t predicts token t + 1.
     hidden, targets = hidden[:, :-1], tokens[:, 1:]
-    chunk = min(chunk_size, length - 1)
+    chunk = min(chunk_size or head_chunk(batch, length - 1, weight.shape[-1]), length - 1)
     padded = -(-(length - 1) // chunk) * chunk
     hidden = jnp.pad(hidden, ((0, 0), (0, padded - (length - 1)), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, padded - (length - 1))))
     hidden = hidden.reshape(batch, padded // chunk, chunk, dim).swapaxes(0, 1)
     targets = targets.reshape(batch, padded // chunk, chunk).swapaxes(0, 1)
 
-    if entropy_gradient:
-        mask = _allowed_mask(allowed, weight.shape[-1])
-        per_chunk = jax.checkpoint(lambda h, t: head_stats(h, weight, t, temperature, mask))
-    else:
-        per_chunk = lambda h, t: metric_entropy_stats(h, weight, t, temperature, allowed)
-    stats = jax.lax.map(lambda ht: per_chunk(*ht), (hidden, targets))
+    stats = jax.lax.map(lambda ht: head_stats(ht[0], weight, ht[1], temperature, allowed, entropy_gradient),
+                        (hidden, targets))
     unchunk = lambda x: jnp.pad(x.swapaxes(0, 1).reshape(batch, padded)[:, :length - 1], ((0, 0), (1, 0)))
     return TokenStats(*map(unchunk, stats))

@@ -1,12 +1,13 @@
-"""The output head's log-probs and entropies against a float64 numpy softmax, and `metric_entropy_stats`'
-gradients against autodiff of a plain jnp log-softmax, with the head weight frozen and trained."""
+"""The output head's log-probs and entropies against a float64 numpy softmax, and `head_stats`' written-out
+gradients against autodiff of a plain jnp log-softmax and entropy, with the head weight frozen and trained,
+the entropy a loss term and a metric."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scope_jax.logprobs import head_stats, metric_entropy_stats, token_logprobs
+from scope_jax.logprobs import LOGITS_BYTES, head_chunk, head_stats, token_logprobs
 from scope_jax.models import ModelConfig, init
 from tests.jaxprs import dot_generals
 
@@ -24,11 +25,14 @@ def case(allowed, seed=0):
     return hidden, weight, targets, cotangent
 
 
-def plain_logprobs(hidden, weight, targets, temperature, allowed):
+def plain_stats(hidden, weight, targets, temperature, allowed):
+    """(log p(target), entropy) by autodiff-able jnp, the tokens outside `allowed` at a finite -1e9."""
     logits = hidden @ weight / temperature
     if allowed is not None:
-        logits = jnp.where(jnp.isin(jnp.arange(VOCAB), jnp.asarray(allowed)), logits, -jnp.inf)
-    return jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+        logits = jnp.where(jnp.isin(jnp.arange(VOCAB), jnp.asarray(allowed)), logits, -1e9)
+    logp = jax.nn.log_softmax(logits)
+    return (jnp.take_along_axis(logp, targets[..., None], -1)[..., 0],
+            -jnp.sum(jnp.exp(logp) * logp, -1))
 
 
 @pytest.mark.parametrize("allowed", [None, ALLOWED], ids=["full", "allowed"])
@@ -39,9 +43,8 @@ def test_head_stats_match_numpy(allowed):
         logits = np.where(np.isin(np.arange(VOCAB), allowed), logits, -np.inf)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     entropy = -np.sum(np.where(np.isfinite(logp), np.exp(logp) * logp, 0.0), -1)
-    mask = None if allowed is None else jnp.isin(jnp.arange(VOCAB), jnp.asarray(allowed))
-    for stats in (head_stats(hidden, weight, targets, 0.7, mask),
-                  metric_entropy_stats(hidden, weight, targets, 0.7, allowed)):
+    for entropy_gradient in (True, False):
+        stats = head_stats(hidden, weight, targets, 0.7, allowed, entropy_gradient)
         np.testing.assert_allclose(stats.logprobs, np.take_along_axis(logp, np.asarray(targets)[..., None],
                                                                       -1)[..., 0], atol=3e-6)
         np.testing.assert_allclose(stats.entropy, entropy, atol=3e-6)
@@ -49,24 +52,32 @@ def test_head_stats_match_numpy(allowed):
 
 @pytest.mark.parametrize("allowed", [None, ALLOWED], ids=["full", "allowed"])
 @pytest.mark.parametrize("frozen", [True, False], ids=["frozen-weight", "trained-weight"])
-def test_metric_entropy_gradients_equal_autodiff(allowed, frozen):
+@pytest.mark.parametrize("entropy_gradient", [True, False], ids=["entropy-loss", "entropy-metric"])
+def test_head_stats_gradients_equal_autodiff(allowed, frozen, entropy_gradient):
     hidden, weight, targets, cotangent = case(allowed, seed=1)
+    entropy_cotangent = jnp.asarray(np.random.default_rng(2).normal(size=cotangent.shape), jnp.float32)
+    entropy_weight = 1.0 if entropy_gradient else 0.0
     freeze = jax.lax.stop_gradient if frozen else (lambda w: w)
 
-    def loss(fn):
-        return lambda h, w: jnp.sum(fn(h, freeze(w), targets, 0.7, allowed) * cotangent)
+    def ours(h, w):
+        stats = head_stats(h, freeze(w), targets, 0.7, allowed, entropy_gradient)
+        entropy = stats.entropy if entropy_gradient else jax.lax.stop_gradient(stats.entropy)
+        return jnp.sum(stats.logprobs * cotangent + entropy_weight * entropy * entropy_cotangent)
 
-    ours = jax.grad(loss(lambda *a: metric_entropy_stats(*a).logprobs), argnums=(0, 1))(hidden, weight)
-    theirs = jax.grad(loss(plain_logprobs), argnums=(0, 1))(hidden, weight)
-    for a, b in zip(ours, theirs):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6)
-    assert frozen == (not np.any(np.asarray(ours[1])))
+    def theirs(h, w):
+        logprobs, entropy = plain_stats(h, freeze(w), targets, 0.7, allowed)
+        return jnp.sum(logprobs * cotangent + entropy_weight * entropy * entropy_cotangent)
+
+    grads = [jax.grad(fn, argnums=(0, 1))(hidden, weight) for fn in (ours, theirs)]
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=3e-6)
+    assert frozen == (not np.any(np.asarray(jax.grad(ours, argnums=1)(hidden, weight))))
 
 
 def test_differentiating_a_metric_entropy_is_refused():
     hidden, weight, targets, _ = case(None)
     with pytest.raises(ValueError, match="entropy is a metric"):
-        jax.grad(lambda h: jnp.sum(metric_entropy_stats(h, weight, targets, 1.0, None).entropy))(hidden)
+        jax.grad(lambda h: jnp.sum(head_stats(h, weight, targets, 1.0, None, False).entropy))(hidden)
 
 
 def test_a_frozen_head_with_a_metric_entropy_runs_one_matmul_less():
@@ -87,3 +98,29 @@ def test_a_frozen_head_with_a_metric_entropy_runs_one_matmul_less():
         return len(list(dot_generals(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)))
 
     assert dots(True) - dots(False) == 1
+
+
+def test_the_default_head_chunk_keeps_each_chunks_logits_within_the_budget():
+    """The fewest equal chunks whose float32 logits fit in LOGITS_BYTES (hand-counted cases)."""
+    vocab = LOGITS_BYTES // (4 * 8 * 100)  # 8 rows x 100 positions of logits fill the budget exactly
+    assert head_chunk(8, 100, vocab) == 100
+    assert head_chunk(8, 101, vocab) == 51  # two chunks
+    assert head_chunk(8, 255, vocab) == 85  # three
+    assert head_chunk(1000, 1, 10**9) == 1  # never below one position
+
+
+def test_token_logprobs_do_not_depend_on_the_head_chunk():
+    config = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32,
+                         num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True)
+    graphdef, params = init(config, seed=0)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 9)))
+    positions = jnp.broadcast_to(jnp.arange(9), tokens.shape)
+
+    def loss_and_grad(chunk_size):
+        loss = lambda p: jnp.sum(token_logprobs(graphdef, p, tokens, positions, chunk_size=chunk_size).logprobs)
+        return jax.value_and_grad(loss)(params)
+
+    (one, one_grad), (three, three_grad) = loss_and_grad(None), loss_and_grad(3)
+    np.testing.assert_allclose(one, three, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(one_grad), jax.tree.leaves(three_grad)):
+        np.testing.assert_allclose(a, b, atol=1e-6)

@@ -101,9 +101,37 @@ class RMSNorm(nnx.Module):
         return weight * normed.astype(x.dtype)
 
 
-def _linear(d_in: int, d_out: int, bias: bool, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=param_dtype,
-                      kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+@jax.custom_vjp
+def projection(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """x @ kernel over the last axis of x, whose kernel gradient takes `weight_grad`'s form."""
+    return x @ kernel
+
+
+def _projection_forward(x, kernel):
+    return x.value @ kernel.value, (x.value if kernel.perturbed else None, kernel.value)
+
+
+def _projection_backward(residuals, grad):
+    x, kernel = residuals
+    return grad @ kernel.T, None if x is None else weight_grad(x, grad)
+
+
+projection.defvjp(_projection_forward, _projection_backward, symbolic_zeros=True)
+
+
+class Linear(nnx.Linear):
+    """nnx.Linear (same parameters and casts) computed by `projection`."""
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x, kernel, bias = self.promote_dtype((x, self.kernel[...], self.bias[...] if self.use_bias else None),
+                                             dtype=self.dtype)
+        y = projection(x, kernel)
+        return y if bias is None else y + bias
+
+
+def _linear(d_in: int, d_out: int, bias: bool, dtype, param_dtype, rngs: nnx.Rngs) -> Linear:
+    return Linear(d_in, d_out, use_bias=bias, dtype=dtype, param_dtype=param_dtype,
+                  kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
 
 
 class Attention(nnx.Module):
