@@ -117,7 +117,8 @@ def test_token_logprobs_do_not_depend_on_the_head_chunk():
     positions = jnp.broadcast_to(jnp.arange(9), tokens.shape)
 
     def loss_and_grad(chunk_size):
-        loss = lambda p: jnp.sum(token_logprobs(graphdef, p, tokens, positions, chunk_size=chunk_size).logprobs)
+        def loss(p):
+            return jnp.sum(token_logprobs(graphdef, p, tokens, positions, chunk_size=chunk_size).logprobs)
         return jax.value_and_grad(loss)(params)
 
     (one, one_grad), (three, three_grad) = loss_and_grad(None), loss_and_grad(3)
