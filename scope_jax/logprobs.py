@@ -9,7 +9,7 @@ tokens were drawn from; other tokens get log-prob about -1e9, so mask them out.
 The output head runs over sequence chunks, so neither the forward nor the backward pass holds more than
 one chunk's (batch x chunk x vocab) logits. By default a chunk's float32 logits fit in LOGITS_BYTES, so a
 small batch is one chunk. `head_stats` writes the backward pass out: it computes the logits again (XLA
-reuses the forward's when there is one chunk) and takes d/d logits in closed form from the saved
+reuses the forward's when there is one chunk) and takes d/d logits in closed form from the saved max,
 log-sum-exp and entropy. When the entropy is a metric rather than a loss term (`entropy_gradient=False`)
 and the head weight is frozen (a LoRA base), the forward pass already computes each log-prob's gradient
 with respect to the hidden state, so the backward pass runs no matmul.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import NamedTuple
 
 import chex
@@ -46,15 +47,20 @@ def _logits(hidden: jax.Array, weight: jax.Array, temperature: float, allowed: j
     return logits if allowed is None else jnp.where(allowed, logits, -1e9)
 
 
-def _softmax_stats(logits: jax.Array, targets: jax.Array) -> tuple[TokenStats, jax.Array, jax.Array]:
-    """(log p(target) and entropy, log-sum-exp, probabilities) of softmax(logits)."""
+def _softmax_stats(logits: jax.Array,
+                   targets: jax.Array) -> tuple[TokenStats, jax.Array, jax.Array, jax.Array]:
+    """(log p(target) and entropy, max logit, log-sum-exp of the logits less their max, probabilities) of
+    softmax(logits). Log-probs are taken from the logits less their max, exactly 0 at the max, so a
+    near-certain token's log p and the entropy keep their relative precision."""
     # exp once and sum it: XLA:CPU runs logsumexp's fused exp-and-sum several times slower
     top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    unnormalized = jnp.exp(logits - top)
+    shifted = logits - top
+    unnormalized = jnp.exp(shifted)
     total = jnp.sum(unnormalized, axis=-1)
-    lse, probs = top[..., 0] + jnp.log(total), unnormalized / total[..., None]
-    target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return TokenStats(target_logits - lse, lse - jnp.sum(probs * logits, axis=-1)), lse, probs
+    log_total, probs = jnp.log(total), unnormalized / total[..., None]
+    target_shifted = jnp.take_along_axis(shifted, targets[..., None], axis=-1)[..., 0]
+    stats = TokenStats(target_shifted - log_total, log_total - jnp.sum(probs * shifted, axis=-1))
+    return stats, top[..., 0], log_total, probs
 
 
 def head_weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
@@ -79,7 +85,7 @@ def head_stats(hidden: jax.Array, weight: jax.Array, targets: jax.Array, tempera
     (token ids) the softmax is restricted to them.
 
     The backward pass is written out: it runs the logits matmul again and takes d/d logits in closed
-    form from the saved log-sum-exp and entropy, so it keeps no [.., vocab] array. With
+    form from the saved max, log-sum-exp and entropy, so it keeps no [.., vocab] array. With
     entropy_gradient=False the entropy is a metric (differentiating it raises), and with the weight frozen
     too the forward pass keeps d log p(target) / d hidden, so the backward pass runs no matmul.
     """
@@ -90,22 +96,22 @@ def head_stats(hidden: jax.Array, weight: jax.Array, targets: jax.Array, tempera
 def _head_stats_forward(hidden, weight, targets, temperature, allowed, entropy_gradient):
     h, w, t = hidden.value, weight.value, targets.value
     mask = _allowed_mask(allowed, w.shape[-1])
-    stats, lse, probs = _softmax_stats(_logits(h, w, temperature, mask), t)
+    stats, top, log_total, probs = _softmax_stats(_logits(h, w, temperature, mask), t)
     if weight.perturbed or entropy_gradient:
-        return stats, (h, w, t, lse, stats.entropy, h if weight.perturbed else None, None)
+        return stats, (h, w, t, top, log_total, stats.entropy, h if weight.perturbed else None, None)
     # d log p(t) / d logits = onehot(t) - probs (0 outside `allowed`); d logits / d h = W^T / temperature
     target_rows = w.T[t].astype(jnp.float32) * (1.0 if mask is None else mask[t][..., None])
     expected_row = jnp.einsum("...v,dv->...d", probs.astype(h.dtype), w.astype(h.dtype),
                               preferred_element_type=jnp.float32)
     d_hidden = ((target_rows - expected_row) / temperature).astype(h.dtype)
-    return stats, (None, None, None, None, None, None, d_hidden)
+    return stats, (None, None, None, None, None, None, None, d_hidden)
 
 
 def _head_stats_backward(temperature, allowed, entropy_gradient, residuals, grad: TokenStats):
     if not entropy_gradient and not isinstance(grad.entropy, SymbolicZero):
         raise ValueError("this entropy is a metric: token_logprobs(..., entropy_gradient=True) "
                          "differentiates it")
-    h, w, t, lse, entropy, weight_inputs, d_hidden = residuals
+    h, w, t, top, log_total, entropy, weight_inputs, d_hidden = residuals
     zero = lambda g: None if isinstance(g, SymbolicZero) else g
     d_logprobs, d_entropy = zero(grad.logprobs), zero(grad.entropy)
     if d_logprobs is None and d_entropy is None:
@@ -114,12 +120,15 @@ def _head_stats_backward(temperature, allowed, entropy_gradient, residuals, grad
         return (d_logprobs[..., None] * d_hidden).astype(d_hidden.dtype), None, None
     mask = _allowed_mask(allowed, w.shape[-1])
     logits = _logits(h, w, temperature, mask)
-    probs = jnp.exp(logits - lse[..., None])
-    # d log p(t) / d logits = onehot(t) - p;  d entropy / d logits = -p (logits - lse + entropy)
-    d_logprobs = jnp.zeros_like(lse) if d_logprobs is None else d_logprobs
-    d_logits = d_logprobs[..., None] * (jax.nn.one_hot(t, w.shape[-1], dtype=probs.dtype) - probs)
+    logprobs = (logits - top[..., None]) - log_total[..., None]
+    probs = jnp.exp(logprobs)
+    # d log p(t) / d logits = onehot(t) - p;  d entropy / d logits = -p (log p + entropy)
+    terms = []
+    if d_logprobs is not None:
+        terms.append(d_logprobs[..., None] * (jax.nn.one_hot(t, w.shape[-1], dtype=probs.dtype) - probs))
     if d_entropy is not None:
-        d_logits -= d_entropy[..., None] * probs * (logits - (lse - entropy)[..., None])
+        terms.append(-d_entropy[..., None] * probs * (logprobs + entropy[..., None]))
+    d_logits = functools.reduce(operator.add, terms)
     if mask is not None:  # outside `allowed` the logits are a constant
         d_logits = jnp.where(mask, d_logits, 0.0)
     d_logits = (d_logits / temperature).astype(h.dtype)

@@ -74,6 +74,17 @@ def test_head_stats_gradients_equal_autodiff(allowed, frozen, entropy_gradient):
     assert frozen == (not np.any(np.asarray(jax.grad(ours, argnums=1)(hidden, weight))))
 
 
+@pytest.mark.parametrize("allowed", [None, ALLOWED], ids=["full", "allowed"])
+def test_the_entropy_alone_has_the_gradient_of_autodiff(allowed):
+    """A loss of the entropy only (the log-probs' cotangent is a symbolic zero)."""
+    hidden, weight, targets, cotangent = case(allowed, seed=3)
+    ours = lambda h, w: jnp.sum(head_stats(h, w, targets, 0.7, allowed).entropy * cotangent)
+    theirs = lambda h, w: jnp.sum(plain_stats(h, w, targets, 0.7, allowed)[1] * cotangent)
+    grads = [jax.grad(fn, argnums=(0, 1))(hidden, weight) for fn in (ours, theirs)]
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=3e-6)
+
+
 def test_differentiating_a_metric_entropy_is_refused():
     hidden, weight, targets, _ = case(None)
     with pytest.raises(ValueError, match="entropy is a metric"):
