@@ -91,15 +91,20 @@ def test_differentiating_a_metric_entropy_is_refused():
         jax.grad(lambda h: jnp.sum(head_stats(h, weight, targets, 1.0, None, False).entropy))(hidden)
 
 
-def test_a_frozen_head_with_a_metric_entropy_runs_one_matmul_less():
-    """The gradient of a tied-embedding model's log-probs with its embedding frozen (as under LoRA): with
-    the entropy a metric, the head's backward pass runs no matmul (the hidden gradient comes from the
-    forward pass) where checkpointed autodiff runs the logits again and then the hidden gradient."""
+def tiny_model():
+    """(graphdef, params, tokens [2, 9], positions) of a 1-layer tied-embedding model (random weights)."""
     config = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32,
                          num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True)
     graphdef, params = init(config, seed=0)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 9)))
-    positions = jnp.broadcast_to(jnp.arange(9), tokens.shape)
+    return graphdef, params, tokens, jnp.broadcast_to(jnp.arange(9), tokens.shape)
+
+
+def test_a_frozen_head_with_a_metric_entropy_runs_one_matmul_less():
+    """The gradient of a tied-embedding model's log-probs with its embedding frozen (as under LoRA): with
+    the entropy a metric, the head's backward pass runs no matmul (the hidden gradient comes from the
+    forward pass) where the entropy-loss backward runs the logits again and then the hidden gradient."""
+    graphdef, params, tokens, positions = tiny_model()
 
     def dots(entropy_gradient):
         def loss(p):
@@ -121,11 +126,7 @@ def test_the_default_head_chunk_keeps_each_chunks_logits_within_the_budget():
 
 
 def test_token_logprobs_do_not_depend_on_the_head_chunk():
-    config = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32,
-                         num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True)
-    graphdef, params = init(config, seed=0)
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 9)))
-    positions = jnp.broadcast_to(jnp.arange(9), tokens.shape)
+    graphdef, params, tokens, positions = tiny_model()
 
     def loss_and_grad(chunk_size):
         def loss(p):
