@@ -28,7 +28,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.custom_derivatives import SymbolicZero
 
-from scope_jax.models.decoder import Params, bind, xla_cpu_layouts
+from scope_jax.models.decoder import Params, bind
+from scope_jax.models.layouts import xla_cpu_layouts
 
 
 LOGITS_BYTES = 512 * 2**20  # the float32 logits of one head chunk at most, when no chunk size is given

@@ -11,6 +11,10 @@ backward pass (a custom VJP) recomputes each tile's probabilities from the saved
 storing them, so a blockwise attention never holds anything of size Q x S, and a layer's saved
 activations hold no score matrix either way.
 
+On XLA:CPU a single tile of the differentiable `attention` runs over the batch rows in groups whose scores
+fit `ROW_GROUP_BYTES`, so that each group's scores and probabilities stay in cache between the ops that
+read them; elsewhere one tile takes every row (docs/models.md, layout tricks).
+
 `accumulate` exposes the recurrence itself, so one set of queries can attend over several key segments
 in turn (a shared prompt prefix, then a row's own cache) with the exact result of one softmax over all.
 """
@@ -24,7 +28,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from scope_jax.models.layouts import xla_cpu_layouts
+
 BLOCK = 512
+ROW_GROUP_BYTES = 4 * 2**20  # float32 scores of one row group of a single tile, on XLA:CPU
 _HIDDEN = jnp.finfo(jnp.float32).min  # the score of an invisible key
 _NO_QUERY = jnp.iinfo(jnp.int32).min  # position of a padding query: sees nothing
 _NO_KEY = jnp.iinfo(jnp.int32).max  # position of a padding key: seen by nothing
@@ -148,6 +155,33 @@ def normalize(partial: Partial, dtype) -> jax.Array:
     return (partial.out / jnp.where(partial.sum == 0, 1.0, partial.sum)[..., None]).astype(dtype)
 
 
+def row_group(rows: int, row_bytes: int) -> int:
+    """The batch rows a single tile takes at once: all of them, except on XLA:CPU, where it is the largest
+    divisor of `rows` whose scores (row_bytes a row) fit ROW_GROUP_BYTES, and at least one row."""
+    if not xla_cpu_layouts():
+        return rows
+    fits = max(1, ROW_GROUP_BYTES // row_bytes)
+    return max(d for d in range(1, min(rows, fits) + 1) if rows % d == 0)
+
+
+def _in_row_groups(fn, q, k, *rest):
+    """fn(q, k, *rest) of arrays with the batch rows first, taken `row_group` rows at a time."""
+    rows, heads, q_len, _ = q.shape
+    group = row_group(rows, 4 * heads * q_len * k.shape[2])
+    if group == rows:
+        return fn(q, k, *rest)
+    split = lambda x: x.reshape(rows // group, group, *x.shape[1:])
+    out = jax.lax.map(lambda args: fn(*args), tuple(map(split, (q, k, *rest))))
+    return jax.tree.map(lambda x: x.reshape(rows, *x.shape[2:]), out)
+
+
+def _finished(q, k, v, q_pos, k_pos, block) -> Partial:
+    """The partial of queries q over all of k, v: one tile (in row groups) or blockwise."""
+    if _small(q.shape[2], k.shape[2], block):
+        return _in_row_groups(lambda *tile: _update(Partial.empty(tile[0]), *tile), q, k, v, q_pos, k_pos)
+    return accumulate(Partial.empty(q), q, k, v, q_pos, k_pos, block)
+
+
 def attention(q, k, v, q_pos, k_pos, block: int = BLOCK) -> jax.Array:
     """softmax(q k^T / sqrt(d), over visible keys) v, [N, H, Q, d]: one tile or blockwise (module
     docstring)."""
@@ -156,11 +190,11 @@ def attention(q, k, v, q_pos, k_pos, block: int = BLOCK) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _attention(q, k, v, q_pos, k_pos, block):
-    return normalize(accumulate(Partial.empty(q), q, k, v, q_pos, k_pos, block), v.dtype)
+    return normalize(_finished(q, k, v, q_pos, k_pos, block), v.dtype)
 
 
 def _attention_forward(q, k, v, q_pos, k_pos, block):
-    partial = accumulate(Partial.empty(q), q, k, v, q_pos, k_pos, block)
+    partial = _finished(q, k, v, q_pos, k_pos, block)
     out = normalize(partial, v.dtype)
     # log-sum-exp of each query's visible scores (+inf when it sees nothing, so that exp(s - lse) = 0)
     lse = jnp.where(partial.sum > 0, partial.max + jnp.log(jnp.where(partial.sum > 0, partial.sum, 1.0)),
@@ -183,14 +217,14 @@ def _tile_gradients(q, k, v, grad, lse, delta, q_pos, k_pos):
 
 
 def _attention_backward(block, residuals, grad):
-    """One tile when the forward pass was one; else key blocks outside, query chunks inside: dk, dv of a
-    block accumulate over the query chunks, dq over the key blocks. Each tile's probabilities are
-    recomputed from the log-sum-exp."""
+    """One tile (in row groups) when the forward pass was one; else key blocks outside, query chunks
+    inside: dk, dv of a block accumulate over the query chunks, dq over the key blocks. Each tile's
+    probabilities are recomputed from the log-sum-exp."""
     q, k, v, q_pos, k_pos, out, lse = residuals
     delta = jnp.sum(grad.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [N, H, Q]
     q_len, k_len = q.shape[2], k.shape[2]
     if _small(q_len, k_len, block):
-        dq, dk, dv = _tile_gradients(q, k, v, grad, lse, delta, q_pos, k_pos)
+        dq, dk, dv = _in_row_groups(_tile_gradients, q, k, v, grad, lse, delta, q_pos, k_pos)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
     queries = (_chunks(q, 2, block, 0), _chunks(grad, 2, block, 0), _chunks(lse, 2, block, jnp.inf),
                _chunks(delta, 2, block, 0), _chunks(q_pos, 1, block, _NO_QUERY))

@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 from scope_jax.models import attention
 from scope_jax.models.config import ModelConfig
+from scope_jax.models.layouts import xla_cpu_layouts
 
 Params = dict  # the pure-dict state of a Decoder, as returned by `split`
 
@@ -206,12 +207,6 @@ def swiglu_mlp(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Arr
 def _swiglu_mlp_forward(x, w_gate, w_up, w_down):
     gate, up = x @ w_gate, x @ w_up
     return (jax.nn.silu(gate) * up) @ w_down, (x, gate, up, w_gate, w_up, w_down)
-
-
-def xla_cpu_layouts() -> bool:
-    """Whether the layout tricks for XLA:CPU are on (`weight_grad`, `Block.decode_step`'s barrier): they
-    are selected by the default backend, so an accelerator runs the plain forms (docs/models.md)."""
-    return jax.default_backend() == "cpu"
 
 
 def weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from scope_jax.models import attention
+from tests.jaxprs import equations
 
 N, H, D = 3, 2, 8
 
@@ -59,6 +60,41 @@ def test_gradients_equal_autodiff_of_a_plain_softmax(block):
     ours = jax.jit(ours)(q, k, v)
     theirs = jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)
     for name, a, b in zip("qkv", ours, theirs):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, err_msg=name)
+
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize("rows, row_bytes, group", [(8, 2_400_000, 1), (8, MIB, 4), (8, 1_500_000, 2),
+                                                    (6, MIB, 3), (7, MIB, 1), (3, 2**30, 1)])
+def test_a_row_group_is_the_largest_divisor_of_the_rows_whose_scores_fit(monkeypatch, rows, row_bytes, group):
+    """Hand-counted against the 4 MiB budget; on an accelerator one tile takes every row."""
+    assert attention.ROW_GROUP_BYTES == 4 * MIB
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    assert attention.row_group(rows, row_bytes) == group
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert attention.row_group(rows, row_bytes) == rows
+
+
+@pytest.mark.parametrize("backend, grouped", [("cpu", True), ("gpu", False)])
+def test_one_tile_runs_row_by_row_on_the_cpu_only_with_the_same_values_and_gradients(monkeypatch, backend,
+                                                                                    grouped):
+    """With a budget below one row's scores the CPU takes the rows one at a time (a loop in the program,
+    forward and backward) and the values and gradients stay those of the references above."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    monkeypatch.setattr(attention, "ROW_GROUP_BYTES", 1)
+    q, k, v, q_pos, k_pos = case(13, 21, seed=1)
+    weights = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
+    loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v, q_pos, k_pos) * weights)
+    ours = lambda q, k, v, q_pos, k_pos: attention.attention(q, k, v, q_pos, k_pos, 64)
+    gradients = jax.grad(loss(ours), argnums=(0, 1, 2))
+    program = jax.make_jaxpr(gradients)(q, k, v).jaxpr
+    assert len([eqn for eqn in equations(program) if eqn.primitive.name == "scan"]) == (2 if grouped else 0)
+    out = jax.jit(ours)(q, k, v, q_pos, k_pos)
+    np.testing.assert_allclose(np.asarray(out), reference(q, k, v, q_pos, k_pos), atol=2e-6)
+    expected = jax.grad(loss(plain), argnums=(0, 1, 2))(q, k, v)
+    for name, a, b in zip("qkv", jax.jit(gradients)(q, k, v), expected):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, err_msg=name)
 
 
