@@ -17,6 +17,7 @@ Attention is `scope_jax.models.attention`: dense for short sequences, blockwise 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -94,12 +95,37 @@ class RMSNorm(nnx.Module):
 
     def __call__(self, x: jax.Array, axis: int = -1) -> jax.Array:
         """Normalised over `axis` (0: a feature-major [d, B] activation)."""
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + self.eps)
         weight = self.weight[...].astype(x.dtype)  # float32 master weights keep bfloat16 compute bfloat16
         if axis != -1:
             weight = weight.reshape((-1,) + (1,) * (x.ndim - 1 - axis))
-        return weight * normed.astype(x.dtype)
+        return rms_norm(x, weight, self.eps, axis)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, axis: int) -> jax.Array:
+    """weight * x / sqrt(mean(x^2 over `axis`) + eps), normalised in float32 and cast back to x's dtype;
+    `weight` in x's dtype, broadcastable against x. The backward pass is written out so that it keeps
+    only x and the inverse root, where autodiff also kept the normalised x and a second statistic."""
+    return _rms_norm_forward(x, weight, eps, axis)[0]
+
+
+def _rms_norm_forward(x, weight, eps, axis):
+    x32 = x.astype(jnp.float32)
+    inverse_root = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + eps)
+    return weight * (x32 * inverse_root).astype(x.dtype), (x, inverse_root, weight)
+
+
+def _rms_norm_backward(eps, axis, residuals, grad):
+    x, inverse_root, weight = residuals
+    normed = x.astype(jnp.float32) * inverse_root
+    shape = (1,) * (grad.ndim - weight.ndim) + weight.shape
+    d_weight = jnp.sum(grad * normed.astype(x.dtype), axis=tuple(i for i, n in enumerate(shape) if n == 1))
+    d_normed = (grad * weight).astype(jnp.float32)
+    d_x = inverse_root * (d_normed - normed * jnp.mean(d_normed * normed, axis=axis, keepdims=True))
+    return d_x.astype(x.dtype), d_weight.reshape(weight.shape)
+
+
+rms_norm.defvjp(_rms_norm_forward, _rms_norm_backward)
 
 
 @jax.custom_vjp
