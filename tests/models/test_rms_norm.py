@@ -1,4 +1,5 @@
-"""`decoder.rms_norm`'s written-out backward pass against autodiff of a float64 reference, and what it keeps."""
+"""`decoder.rms_norm`'s written-out backward pass against autodiff of a float64 reference, and what it
+keeps."""
 
 import jax
 import jax.numpy as jnp
