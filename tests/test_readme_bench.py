@@ -1,4 +1,4 @@
-"""The README's rollout numbers are those of the committed benchmark outputs in docs/bench/."""
+"""The README's benchmark numbers are those of the committed benchmark outputs in docs/bench/."""
 
 import pathlib
 import re
@@ -54,3 +54,12 @@ def test_the_readme_train_step_and_sft_rows_quote_the_committed_outputs():
         row = next(line for line in readme if line.startswith(f"| `{bench}`"))
         for dtype, (ours, theirs, ratio) in summary(f"{bench}_smollm2.txt", reference).items():
             assert f"{dtype} **{ratio}** ({ours} vs {theirs} s)" in row, (bench, dtype)
+
+
+def test_the_readme_sampler_row_quotes_the_committed_output():
+    readme = (ROOT / "README.md").read_text().splitlines()
+    row = next(line for line in readme if line.startswith("| `sampler`"))
+    lines = (ROOT / "docs/bench/sampler_smollm2.txt").read_text().splitlines()
+    table_row = next(line for line in lines if line.startswith("SmolLM2-135M "))
+    _, batch, ours, theirs, _, ratio = table_row.split()[:6]  # model, batch, ours tok/s, torch tok/s, threads
+    assert f"batch {batch} (docs/bench/sampler_smollm2.txt): **{ratio}** ({ours} vs {theirs} tok/s)" in row
