@@ -1,5 +1,6 @@
 """Config validation and the runner's one-line errors."""
 
+import contextlib
 import pathlib
 import subprocess
 import sys
@@ -84,20 +85,34 @@ def test_runner_stops_with_one_line_naming_the_key(tmp_path, override, expected)
     assert not (tmp_path / "run").exists()
 
 
-def cli(monkeypatch, *args: str) -> str:
-    """`python -m experiments.run ARGS` (its flag parsing and main()) in this process, so that a test can
-    break a run on purpose; returns the message it exits with (exit status 1, the message on stderr)."""
+@contextlib.contextmanager
+def runner_argv(monkeypatch, *args: str):
+    """The runner's argv (`run ARGS`, from the repository root), its parsed flags reset afterwards."""
     monkeypatch.chdir(ROOT)
     argv = ["run", *args]
     monkeypatch.setattr(sys, "argv", argv)  # the config flag defines its override flags from sys.argv
     try:
-        with pytest.raises(SystemExit) as stopped:
-            runner.main(runner.parse_flags(argv))
+        yield argv
     finally:
         flags.FLAGS.unparse_flags()
         for name in [name for name in flags.FLAGS if name.startswith("config.")]:
             delattr(flags.FLAGS, name)
+
+
+def cli(monkeypatch, *args: str) -> str:
+    """`python -m experiments.run ARGS` (its flag parsing and main()) in this process, so that a test can
+    break a run on purpose; returns the message it exits with (exit status 1, the message on stderr)."""
+    with runner_argv(monkeypatch, *args) as argv, pytest.raises(SystemExit) as stopped:
+        runner.main(runner.parse_flags(argv))
     return stopped.value.code
+
+
+@pytest.mark.parametrize("override, chunk_size", [((), None), (("--config.train.chunk_size=64",), 64)],
+                         ids=["default", "flag"])
+def test_the_sft_head_chunk_defaults_to_none_and_a_flag_overrides_it(monkeypatch, override, chunk_size):
+    with runner_argv(monkeypatch, "--config=experiments/configs/sft.py:quick", *override) as argv:
+        runner.parse_flags(argv)
+        assert runner._CONFIG.value.train.chunk_size == chunk_size
 
 
 TINY_RUN = ("--config=experiments/configs/target_word.py", "--config.train.steps=1",

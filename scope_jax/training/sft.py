@@ -63,7 +63,9 @@ def default_config() -> ml_collections.ConfigDict:
         "source": "p4g_human", "data_dir": "../shared/data/p4g", "max_turns": 10, "max_length": 1024,
         "train_split": "simulator", "eval_split": "eval", "train_dialogues": 0, "eval_dialogues": 0})
     c.train = ml_collections.ConfigDict({"steps": 100, "batch_size": 8, "microbatches": 1, "eval_every": 25,
-                                         "checkpoint_every": 25, "chunk_size": None,
+                                         "checkpoint_every": 25,
+                                         # None: logprobs.head_chunk (typed, so that a flag can set it)
+                                         "chunk_size": ml_collections.config_dict.placeholder(int),
                                          "last_reply_weight": 1.0})
     c.optimizer = ml_collections.ConfigDict(dict(dataclasses.asdict(OptimizerConfig()), learning_rate=2e-5))
     # rank 0: no adapter, every parameter trains; format: the saved adapter's layout (models.lora.LAYOUTS);
