@@ -33,6 +33,7 @@ from scope_jax.models.layouts import xla_cpu_layouts
 
 
 LOGITS_BYTES = 512 * 2**20  # the float32 logits of one head chunk at most, when no chunk size is given
+VOCAB_SUM_ROWS = 16  # the vocabulary's rows summed down on XLA:CPU (`vocab_sums`)
 
 
 class TokenStats(NamedTuple):
@@ -53,15 +54,31 @@ def _softmax_stats(logits: jax.Array,
     """(log p(target) and entropy, max logit, log-sum-exp of the logits less their max, probabilities) of
     softmax(logits). Log-probs are taken from the logits less their max, exactly 0 at the max, so a
     near-certain token's log p and the entropy keep their relative precision."""
-    # exp once and sum it: XLA:CPU runs logsumexp's fused exp-and-sum several times slower
     top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     shifted = logits - top
     unnormalized = jnp.exp(shifted)
-    total = jnp.sum(unnormalized, axis=-1)
-    log_total, probs = jnp.log(total), unnormalized / total[..., None]
-    target_shifted = jnp.take_along_axis(shifted, targets[..., None], axis=-1)[..., 0]
-    stats = TokenStats(target_shifted - log_total, log_total - jnp.sum(probs * shifted, axis=-1))
-    return stats, top[..., 0], log_total, probs
+    is_target = jnp.arange(logits.shape[-1]) == targets[..., None]
+    total, target_shifted, weighted = vocab_sums(
+        (unnormalized, jnp.where(is_target, shifted, 0.0), unnormalized * shifted))
+    log_total = jnp.log(total)
+    stats = TokenStats(target_shifted - log_total, log_total - weighted / total)
+    return stats, top[..., 0], log_total, unnormalized / total[..., None]
+
+
+def vocab_sums(terms: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+    """Each [..., vocab] term summed over its last axis. On XLA:CPU all terms go through one variadic
+    reduce, each laid out as [VOCAB_SUM_ROWS, vocab / VOCAB_SUM_ROWS] and summed down the rows (adding
+    contiguous vectors), then across: a plain sum of exp(logits) goes to YNNPACK, whose exp-and-sum
+    runs several times slower than XLA's own loop."""
+    if not xla_cpu_layouts():
+        return tuple(jnp.sum(term, axis=-1) for term in terms)
+    vocab = terms[0].shape[-1]
+    rows = math.gcd(vocab, VOCAB_SUM_ROWS)
+    laid_out = tuple(term.reshape(*term.shape[:-1], rows, vocab // rows) for term in terms)
+    zeros = tuple(jnp.zeros((), term.dtype) for term in terms)
+    row_sums = jax.lax.reduce(laid_out, zeros, lambda a, b: tuple(map(operator.add, a, b)),
+                              (laid_out[0].ndim - 2,))
+    return tuple(jnp.sum(sums, axis=-1) for sums in row_sums)
 
 
 def head_weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scope_jax.logprobs import head_weight_grad
+from scope_jax.logprobs import head_weight_grad, vocab_sums
 from scope_jax.models import decoder
 from tests.jaxprs import dot_generals
 
@@ -49,3 +49,22 @@ def test_a_projection_has_the_gradients_of_x_at_kernel_and_none_for_a_frozen_ker
     np.testing.assert_allclose(np.asarray(d_kernel), expected, rtol=1e-5, atol=1e-5)
     dots = len(list(dot_generals(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, kernel).jaxpr)))
     assert dots == (2 if frozen else 3)  # the forward matmul and d x; d W when trained
+
+
+@pytest.mark.parametrize("vocab, rows", [(48, 16), (40, 8), (7, 1)])
+@pytest.mark.parametrize("backend, variadic", [("cpu", True), ("gpu", False), ("tpu", False)])
+def test_vocab_sums_run_as_one_variadic_reduce_down_rows_on_the_cpu_only_and_equal_the_sums(
+        monkeypatch, backend, variadic, vocab, rows):
+    """On the CPU the terms go through one variadic `reduce` over an axis of `rows` (the largest divisor of
+    the vocabulary up to VOCAB_SUM_ROWS, 16); elsewhere each is a plain sum. Values against numpy."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    terms = tuple(jax.random.normal(jax.random.key(i), (2, 3, vocab)) for i in range(3))
+    jaxpr = jax.make_jaxpr(lambda *t: vocab_sums(t))(*terms).jaxpr
+    reduces = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "reduce"]
+    assert len(reduces) == (1 if variadic else 0)
+    if variadic:
+        assert len(reduces[0].invars) == 2 * len(terms)  # the operands and their initial values
+        assert reduces[0].invars[0].aval.shape == (2, 3, rows, vocab // rows)
+    for total, term in zip(vocab_sums(terms), terms):
+        expected = np.asarray(term, np.float64).sum(-1)
+        np.testing.assert_allclose(np.asarray(total), expected, rtol=1e-5, atol=1e-5)
