@@ -55,8 +55,9 @@ def test_a_projection_has_the_gradients_of_x_at_kernel_and_none_for_a_frozen_ker
 @pytest.mark.parametrize("backend, variadic", [("cpu", True), ("gpu", False), ("tpu", False)])
 def test_vocab_sums_run_as_one_variadic_reduce_down_rows_on_the_cpu_only_and_equal_the_sums(
         monkeypatch, backend, variadic, vocab, rows):
-    """On the CPU the terms go through one variadic `reduce` over an axis of `rows` (the largest divisor of
-    the vocabulary up to VOCAB_SUM_ROWS, 16); elsewhere each is a plain sum. Values against numpy."""
+    """On the CPU the terms go through one variadic `reduce` over an axis of `rows` (the greatest common
+    divisor of the vocabulary and VOCAB_SUM_ROWS, 16); elsewhere each is a plain sum. Values against
+    numpy."""
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     terms = tuple(jax.random.normal(jax.random.key(i), (2, 3, vocab)) for i in range(3))
     jaxpr = jax.make_jaxpr(lambda *t: vocab_sums(t))(*terms).jaxpr
