@@ -7,12 +7,14 @@ that samples under constrained decoding), p is the softmax restricted to them, t
 tokens were drawn from; other tokens get log-prob about -1e9, so mask them out.
 
 The output head runs over sequence chunks, so neither the forward nor the backward pass holds more than
-one chunk's (batch x chunk x vocab) logits. By default a chunk's float32 logits fit in LOGITS_BYTES, so a
-small batch is one chunk. `head_stats` writes the backward pass out: it computes the logits again (XLA
-reuses the forward's when there is one chunk) and takes d/d logits in closed form from the saved max,
-log-sum-exp and entropy. When the entropy is a metric rather than a loss term (`entropy_gradient=False`)
-and the head weight is frozen (a LoRA base), the forward pass already computes each log-prob's gradient
-with respect to the hidden state, so the backward pass runs no matmul.
+one chunk's (batch x chunk x vocab) logits. `head_stats` writes the backward pass out: it computes the
+logits again and takes d/d logits in closed form from the saved max, log-sum-exp and entropy. By default
+a chunk's float32 logits fit in `logits_bytes()`: on an accelerator a small batch is one chunk, whose
+logits XLA then reuses from the forward pass; on XLA:CPU a chunk is a few cache sizes large, where the
+head's passes over it run faster than over one large array, even with each chunk's logits computed twice.
+When the entropy is a metric rather than a loss term (`entropy_gradient=False`) and the head weight is
+frozen (a LoRA base), the forward pass already computes each log-prob's gradient with respect to the
+hidden state, so the backward pass runs no matmul.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from scope_jax.models.layouts import xla_cpu_layouts
 
 
 LOGITS_BYTES = 512 * 2**20  # the float32 logits of one head chunk at most, when no chunk size is given
+CPU_LOGITS_BYTES = 64 * 2**20  # the same on XLA:CPU (docs/models.md)
 VOCAB_SUM_ROWS = 16  # the vocabulary's rows summed down on XLA:CPU (`vocab_sums`)
 
 
@@ -158,10 +161,16 @@ def _head_stats_backward(temperature, allowed, entropy_gradient, residuals, grad
 head_stats.defvjp(_head_stats_forward, _head_stats_backward, symbolic_zeros=True)
 
 
-def head_chunk(batch: int, positions: int, vocab: int) -> int:
+def logits_bytes() -> int:
+    """The float32 logits of one default head chunk at most: CPU_LOGITS_BYTES on XLA:CPU, else
+    LOGITS_BYTES."""
+    return CPU_LOGITS_BYTES if xla_cpu_layouts() else LOGITS_BYTES
+
+
+def head_chunk(batch: int, positions: int, vocab: int, budget: int | None = None) -> int:
     """The default sequence chunk of the output head: the fewest equal chunks of `positions` whose float32
-    logits (batch x chunk x vocab) each fit in LOGITS_BYTES."""
-    chunks = -(-batch * positions * vocab * 4 // LOGITS_BYTES)
+    logits (batch x chunk x vocab) each fit in `budget` bytes (None: `logits_bytes()`)."""
+    chunks = -(-batch * positions * vocab * 4 // (budget or logits_bytes()))
     return max(1, -(-positions // chunks))
 
 

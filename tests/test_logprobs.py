@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scope_jax.logprobs import LOGITS_BYTES, head_chunk, head_stats, token_logprobs
+from scope_jax.logprobs import CPU_LOGITS_BYTES, LOGITS_BYTES, head_chunk, head_stats, token_logprobs
 from scope_jax.models import ModelConfig, init
 from tests.jaxprs import dot_generals
 
@@ -116,13 +116,19 @@ def test_a_frozen_head_with_a_metric_entropy_runs_one_matmul_less():
     assert dots(True) - dots(False) == 1
 
 
-def test_the_default_head_chunk_keeps_each_chunks_logits_within_the_budget():
-    """The fewest equal chunks whose float32 logits fit in LOGITS_BYTES (hand-counted cases)."""
-    vocab = LOGITS_BYTES // (4 * 8 * 100)  # 8 rows x 100 positions of logits fill the budget exactly
+@pytest.mark.parametrize("backend, budget, smollm2_chunk", [("cpu", CPU_LOGITS_BYTES, 43),
+                                                            ("gpu", LOGITS_BYTES, 255)])
+def test_the_default_head_chunk_keeps_each_chunks_logits_within_the_backends_budget(monkeypatch, backend,
+                                                                                     budget, smollm2_chunk):
+    """The fewest equal chunks whose float32 logits fit in the backend's budget (hand-counted cases)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    vocab = budget // (4 * 8 * 100)  # 8 rows x 100 positions of logits fill the budget exactly
     assert head_chunk(8, 100, vocab) == 100
     assert head_chunk(8, 101, vocab) == 51  # two chunks
     assert head_chunk(8, 255, vocab) == 85  # three
     assert head_chunk(1000, 1, 10**9) == 1  # never below one position
+    # `bench train_step`'s 8 x 255 SmolLM2 logits, 401 MB: one chunk of 512 MiB, or six of 64 MiB
+    assert head_chunk(8, 255, 49152) == smollm2_chunk
 
 
 def test_token_logprobs_do_not_depend_on_the_head_chunk():

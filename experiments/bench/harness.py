@@ -36,12 +36,20 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
 
 def best_of(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Best seconds of each warm (already compiled) function over `repeats` rounds that alternate them."""
-    best = dict.fromkeys(fns, float("inf"))
+    return {name: runs[0] for name, runs in best_runs(fns, repeats, in_a_row=1).items()}
+
+
+def best_runs(fns: dict[str, Callable[[], Any]], repeats: int, in_a_row: int) -> dict[str, list[float]]:
+    """Over `repeats` rounds that alternate the warm functions, each running `in_a_row` times in a row per
+    round: each function's best seconds at each place in the row ([best first run, best second run, ...]).
+    A step's later runs in a row follow itself, as in a training loop; its first follows another side's."""
+    best = {name: [float("inf")] * in_a_row for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - start)
+            for place in range(in_a_row):
+                start = time.perf_counter()
+                fn()
+                best[name][place] = min(best[name][place], time.perf_counter() - start)
     return best
 
 

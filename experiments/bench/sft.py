@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench.harness import (DTYPES, add_float32_drift, best_of, compute_graphdef, matmul_fns,
+from experiments.bench.harness import (DTYPES, add_float32_drift, best_runs, compute_graphdef, matmul_fns,
                                        models, print_table, token_batch, train_flops)
 from experiments.bench.profiler import op_time_breakdown, print_breakdowns
 from experiments.bench.references import torch_masked_nll, torch_model, torch_precision, torch_threads
@@ -30,6 +30,8 @@ SFT_TABLE = (  # (label, key, format) of each column of the sft table
     ("model", "model", "{:<13}"), ("dtype", "dtype", "{:<8}"), ("ours tok/s", "ours_tokens_per_s", "{:>10.0f}"),
     ("peft tok/s", "peft_tokens_per_s", "{:>10.0f}"), ("torch threads", "threads", "{:>13}"),
     ("ratio", "ratio", "{:>6.2f}"), ("ours s", "ours_s", "{:>7.3f}"), ("peft s", "peft_s", "{:>7.3f}"),
+    ("ratio 1st", "ratio_first", "{:>9.2f}"), ("ours 1st s", "ours_first_s", "{:>10.3f}"),
+    ("peft 1st s", "peft_first_s", "{:>10.3f}"),
     ("GFLOP/s", "gflops", "{:>7.1f}"), ("of f32 peak", "of_peak", "{:>11.0%}"),
     ("ours compile s", "compile_s", "{:>14.1f}"), ("ours adapter", "ours_adapter", "{:>12,}"),
     ("peft adapter", "peft_adapter", "{:>12}"), ("|first loss diff|", "loss_diff", "{:>17.1e}"),
@@ -118,14 +120,17 @@ def run(args: argparse.Namespace) -> float:
                 peft_first = theirs()
                 threads = torch_threads(theirs)
                 fns["peft"] = theirs
-            best = {"peft": float("nan"), **best_of(fns, args.repeats)}
+            runs = {"peft": [float("nan")] * 2, **best_runs(fns, args.repeats, in_a_row=2)}
+            best, after_other = ({name: times[place] for name, times in runs.items()} for place in (1, 0))
             breakdowns[name, dtype] = profile()
             first_losses[dtype] = ours_first, peft_first
             ratio = best["peft"] / best["ours"]
             gflops = train_flops(model_config, batch, length, weight_gradients=False) / best["ours"] / 1e9
             rows.append(dict(model=name, dtype=dtype, ours_tokens_per_s=batch * length / best["ours"],
                              peft_tokens_per_s=batch * length / best["peft"], threads=threads, ratio=ratio,
-                             ours_s=best["ours"], peft_s=best["peft"], gflops=gflops,
+                             ours_s=best["ours"], peft_s=best["peft"],
+                             ratio_first=after_other["peft"] / after_other["ours"],
+                             ours_first_s=after_other["ours"], peft_first_s=after_other["peft"], gflops=gflops,
                              of_peak=gflops / (peak_flops / best["peak"] / 1e9),
                              compile_s=compile_s - best["ours"], ours_adapter=ours_adapter,
                              peft_adapter=f"{peft_adapter:,}", loss_diff=abs(peft_first - ours_first)))
@@ -136,7 +141,9 @@ def run(args: argparse.Namespace) -> float:
         add_float32_drift(rows, name, first_losses, ("ours_drift", "peft_drift"))
     print(f"\nsft: one LoRA SFT step (forward + backward + AdamW), rank {SFT_LORA['rank']}, alpha "
           f"{SFT_LORA['alpha']:g}, targets {'/'.join(SFT_LORA['targets'])}, batch {batch} x {length} "
-          f"(loss on the last 3/4 of each row), float32 weights, best of {args.repeats} alternating runs; "
+          f"(loss on the last 3/4 of each row), float32 weights; {args.repeats} alternating rounds, "
+          "in which each side runs twice in a row; ours s, peft s: the best second run (after the same "
+          "side's step, as in a training loop); 1st s: the best first run (after the other side's); "
           "ratio = peft s / ours s; GFLOP/s = (4 N T + 12 layers B L^2 heads head_dim) / time (the forward "
           "and the activation gradients: a frozen base has no weight gradient), against the float32 "
           "4096^3 jnp.dot timed in the same rounds; |d f32|: the first loss's difference from the same "

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench.harness import (DTYPES, add_float32_drift, best_of, compute_graphdef, matmul_fns,
+from experiments.bench.harness import (DTYPES, add_float32_drift, best_runs, compute_graphdef, matmul_fns,
                                        models, print_table, timed, token_batch, train_flops)
 from experiments.bench.profiler import op_time_breakdown, print_breakdowns
 from experiments.bench.references import torch_masked_nll, torch_model, torch_precision, torch_threads
@@ -22,6 +22,8 @@ from scope_jax.logprobs import token_logprobs
 TABLE = (  # (label, key, format) of each column
     ("model", "model", "{:<13}"), ("dtype", "dtype", "{:<8}"), ("ours tok/s", "ours_tps", "{:>10.0f}"),
     ("torch tok/s", "torch_tps", "{:>11.0f}"), ("threads", "threads", "{:>7}"), ("ratio", "ratio", "{:>6.2f}"),
+    ("ratio 1st", "ratio_first", "{:>9.2f}"), ("ours 1st s", "ours_first", "{:>10.2f}"),
+    ("torch 1st s", "torch_first", "{:>11.2f}"),
     ("ours fwd s", "ours_fwd", "{:>10.2f}"), ("torch fwd s", "torch_fwd", "{:>11.2f}"),
     ("GFLOP/s", "gflops", "{:>7.1f}"), ("of f32 peak", "of_peak", "{:>11.0%}"),
     ("compile s", "compile_s", "{:>9.1f}"), ("ours loss", "ours_loss", "{:>10.6f}"),
@@ -72,15 +74,18 @@ def run(args: argparse.Namespace) -> float:
                     return torch_loss()
 
             threads = torch_threads(theirs)
-            best = best_of({"ours": lambda: jax.block_until_ready(grad_fn(params)), "torch": theirs,
-                            "ours forward": lambda: jax.block_until_ready(forward_fn(params)),
-                            "torch forward": theirs_forward, "peak": peak["jax"]}, args.repeats)
+            runs = best_runs({"ours": lambda: jax.block_until_ready(grad_fn(params)), "torch": theirs,
+                              "ours forward": lambda: jax.block_until_ready(forward_fn(params)),
+                              "torch forward": theirs_forward, "peak": peak["jax"]}, args.repeats, in_a_row=2)
+            best, after_other = ({name: times[place] for name, times in runs.items()} for place in (1, 0))
             losses[dtype] = float(grad_fn(params)[0]), float(theirs())
             breakdowns[name, dtype] = op_time_breakdown(grad_fn, params)
             gflops = train_flops(model_config, batch, length) / best["ours"] / 1e9
             ratio = best["torch"] / best["ours"]
             rows.append(dict(model=name, dtype=dtype, ours_tps=batch * length / best["ours"],
                              torch_tps=batch * length / best["torch"], threads=threads, ratio=ratio,
+                             ratio_first=after_other["torch"] / after_other["ours"],
+                             ours_first=after_other["ours"], torch_first=after_other["torch"],
                              ours_fwd=best["ours forward"], torch_fwd=best["torch forward"], gflops=gflops,
                              of_peak=gflops / (peak_flops / best["peak"] / 1e9),
                              compile_s=first - min(warm, best["ours"]), ours_loss=losses[dtype][0],
@@ -92,9 +97,11 @@ def run(args: argparse.Namespace) -> float:
                 headline = ratio
         add_float32_drift(rows, name, losses, ("ours_drift", "torch_drift"))
     print(f"\ntrain_step: value_and_grad of the masked mean token log-prob, batch {batch} x {length}, float32 "
-          f"weights, best of {args.repeats} alternating runs; GFLOP/s = (6 N T + 12 layers B L^2 heads "
-          "head_dim) / time, against the float32 4096^3 jnp.dot timed in the same rounds; |d f32|: the loss's "
-          "difference from the same side's float32 loss")
+          f"weights; {args.repeats} alternating rounds, in which each side runs twice in a row; ratio and "
+          "GFLOP/s: the best second runs (after the same side's step, as in a training loop); 1st: the best "
+          "first runs (after the other side's); GFLOP/s = (6 N T + 12 layers B L^2 heads head_dim) / time, "
+          "against the float32 4096^3 jnp.dot timed in the same rounds; |d f32|: the loss's difference from the "
+          "same side's float32 loss")
     print_table(rows, TABLE)
     print_breakdowns(breakdowns)
     return headline

@@ -34,7 +34,7 @@ class LossConfig:
     entropy_coef: weight of the entropy bonus.
     temperature: the sampling temperature, so recomputed log-probs match the behaviour log-probs.
     chunk_size: sequence chunk of the output head (bounds the logits held in memory); None: the default
-      of `logprobs.head_chunk` (one chunk's logits within `logprobs.LOGITS_BYTES`).
+      of `logprobs.head_chunk` (one chunk's logits within `logprobs.logits_bytes()`).
     allowed_tokens: None, or the token ids the role samples from under constrained decoding; log-probs,
       entropies and KL are then taken under the softmax restricted to them, as the sampler drew.
     data_coef: weight of the data anchor, the NLL of the role's tokens in `Batch.sim_data` (simulators).
