@@ -122,6 +122,26 @@ def test_every_benchmark_is_a_subcommand_that_takes_its_documented_flags():
     assert defaults["train_step"].dtypes == defaults["sft"].dtypes == ["float32", "bfloat16"]
 
 
+def test_best_runs_alternate_the_functions_in_rows_and_keep_each_places_best(monkeypatch):
+    """Two steps, each slower on the first run of its row (after the other step) than on the second; a
+    fake clock that each call advances by its scheduled seconds."""
+    from experiments.bench import harness
+
+    clock, calls = [0.0], []
+    seconds = {"a": iter([5.0, 2.0, 4.0, 3.0]), "b": iter([7.0, 1.0, 6.0, 1.5])}
+
+    def step(name):
+        calls.append(name)
+        clock[0] += next(seconds[name])
+
+    monkeypatch.setattr(harness.time, "perf_counter", lambda: clock[0])
+    fns = {name: functools.partial(step, name) for name in seconds}
+    assert harness.best_runs(fns, repeats=2, in_a_row=2) == {"a": [4.0, 2.0], "b": [6.0, 1.0]}
+    assert calls == ["a", "a", "b", "b", "a", "a", "b", "b"]
+    seconds["a"] = iter([3.0, 1.0])
+    assert harness.best_of({"a": fns["a"]}, repeats=2) == {"a": 1.0}  # one run a round
+
+
 def test_the_header_says_where_and_when_a_run_was_made():
     from experiments.bench.harness import header
 
