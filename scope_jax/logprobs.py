@@ -10,8 +10,8 @@ The output head runs over sequence chunks, so neither the forward nor the backwa
 one chunk's (batch x chunk x vocab) logits. `head_stats` writes the backward pass out: it computes the
 logits again and takes d/d logits in closed form from the saved max, log-sum-exp and entropy. By default
 a chunk's float32 logits fit in `logits_bytes()`: on an accelerator a small batch is one chunk, whose
-logits XLA then reuses from the forward pass; on XLA:CPU a chunk is a few cache sizes large, where the
-head's passes over it run faster than over one large array, even with each chunk's logits computed twice.
+logits XLA then reuses from the forward pass; on XLA:CPU a chunk's logits are at most 64 MiB, where the
+head's passes over them run faster than over one large array, even with each chunk's logits computed twice.
 When the entropy is a metric rather than a loss term (`entropy_gradient=False`) and the head weight is
 frozen (a LoRA base), the forward pass already computes each log-prob's gradient with respect to the
 hidden state, so the backward pass runs no matmul.
@@ -156,10 +156,10 @@ def logits_bytes() -> int:
     return CPU_LOGITS_BYTES if xla_cpu_layouts() else LOGITS_BYTES
 
 
-def head_chunk(batch: int, positions: int, vocab: int, budget: int | None = None) -> int:
+def head_chunk(batch: int, positions: int, vocab: int) -> int:
     """The default sequence chunk of the output head: the fewest equal chunks of `positions` whose float32
-    logits (batch x chunk x vocab) each fit in `budget` bytes (None: `logits_bytes()`)."""
-    chunks = -(-batch * positions * vocab * 4 // (budget or logits_bytes()))
+    logits (batch x chunk x vocab) each fit in `logits_bytes()`."""
+    chunks = -(-batch * positions * vocab * 4 // logits_bytes())
     return max(1, -(-positions // chunks))
 
 

@@ -11,7 +11,6 @@ import argparse
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from experiments.bench.harness import (DTYPES, add_float32_drift, best_runs, compute_graphdef, matmul_fns,
                                        models, print_table, timed, token_batch, train_flops)

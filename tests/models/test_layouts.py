@@ -11,11 +11,6 @@ from scope_jax.models import decoder
 from tests.jaxprs import dot_generals
 
 
-def _primitives(fn, *args) -> set[str]:
-    # a new function per call: a traced jaxpr cached from another backend setting must not answer
-    return {eqn.primitive.name for eqn in jax.make_jaxpr(lambda *a: fn(*a))(*args).jaxpr.eqns}
-
-
 @pytest.mark.parametrize("d_in, d_out", [(6, 4), (4, 9)], ids=["fewer-grad-columns", "fewer-input-columns"])
 @pytest.mark.parametrize("backend, barrier", [("cpu", True), ("gpu", False), ("tpu", False)])
 def test_weight_grad_transposes_the_smaller_operand_behind_barriers_on_the_cpu_only_and_equals_inputs_t_grad(
