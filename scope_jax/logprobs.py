@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.custom_derivatives import SymbolicZero
 
-from scope_jax.models.decoder import Params, bind, weight_grad
+from scope_jax.models.decoder import Params, bind
 from scope_jax.models.layouts import xla_cpu_layouts
 
 
@@ -82,6 +82,17 @@ def vocab_sums(terms: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
     row_sums = jax.lax.reduce(laid_out, zeros, lambda a, b: tuple(map(operator.add, a, b)),
                               (laid_out[0].ndim - 2,))
     return tuple(jnp.sum(sums, axis=-1) for sums in row_sums)
+
+
+def head_weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
+    """sum over tokens of inputs^T grad, [d, vocab]: the output head weight's gradient. On XLA:CPU the
+    small operand (tokens x d) is transposed and the product kept [d, vocab], both behind barriers: left
+    to itself XLA transposes `grad` (tokens x vocab) or the product and multiplies on a slower path."""
+    tokens = lambda a: a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+    if not xla_cpu_layouts():
+        return tokens(inputs).T @ tokens(grad)
+    barrier = jax.lax.optimization_barrier
+    return barrier(barrier(tokens(inputs).T) @ tokens(grad))
 
 
 def _allowed_mask(allowed: tuple[int, ...] | None, vocab: int) -> jax.Array | None:
@@ -143,7 +154,7 @@ def _head_stats_backward(temperature, allowed, entropy_gradient, residuals, grad
         d_logits = jnp.where(mask, d_logits, 0.0)
     d_logits = (d_logits / temperature).astype(h.dtype)
     d_h = jnp.einsum("...v,dv->...d", d_logits, w.astype(h.dtype), preferred_element_type=jnp.float32)
-    d_w = None if weight_inputs is None else weight_grad(weight_inputs, d_logits).astype(w.dtype)
+    d_w = None if weight_inputs is None else head_weight_grad(weight_inputs, d_logits).astype(w.dtype)
     return d_h.astype(h.dtype), d_w, None
 
 

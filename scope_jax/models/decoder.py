@@ -236,22 +236,17 @@ def _swiglu_mlp_forward(x, w_gate, w_up, w_down):
 
 
 def weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
-    """sum over tokens of inputs^T grad, [d_in, d_out]. On XLA:CPU the smaller of the two token-major
-    operands is transposed first: inputs^T grad, or (grad^T inputs)^T when grad has fewer columns.
+    """sum over tokens of inputs^T grad, [d_in, d_out]; on XLA:CPU computed as (grad^T inputs)^T.
 
-    Contracted over the tokens axis of both operands (as autodiff writes it) the matmul runs on XLA:CPU's
-    generic Eigen dot; with one operand transposed beforehand it is a plain [rows, tokens] @ [tokens, cols]
-    matmul, which runs on the faster YNNPACK path, and the transpose of the smaller operand is the cheaper
-    copy. The barriers stop XLA from folding the transposes back into the dot.
+    XLA:CPU wants the right operand of a weight-gradient matmul transposed. Written the autodiff way
+    (inputs^T grad) that operand is `grad`, which XLA then computes column-wise inside the elementwise
+    fusion that produces it (the largest single cost of the backward pass); this way it is `inputs`, a
+    plain copy. The barrier stops XLA from swapping the operands back.
     """
     tokens = lambda a: a.reshape(math.prod(a.shape[:-1]), a.shape[-1])  # also for a rank-0 update's [..., 0]
-    x, g = tokens(inputs), tokens(grad)
     if not xla_cpu_layouts():
-        return x.T @ g
-    barrier = jax.lax.optimization_barrier
-    if x.shape[-1] <= g.shape[-1]:
-        return barrier(barrier(x.T) @ g)
-    return barrier(barrier(g.T) @ x).T
+        return tokens(inputs).T @ tokens(grad)
+    return jax.lax.optimization_barrier(tokens(grad).T @ tokens(inputs)).T
 
 
 def _swiglu_mlp_backward(residuals, grad):
