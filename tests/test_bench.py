@@ -136,7 +136,7 @@ def test_best_runs_alternate_the_functions_in_rows_and_keep_each_places_best(mon
 
     monkeypatch.setattr(harness.time, "perf_counter", lambda: clock[0])
     fns = {name: functools.partial(step, name) for name in seconds}
-    assert harness.best_runs(fns, repeats=2, in_a_row=2) == {"a": [4.0, 2.0], "b": [6.0, 1.0]}
+    assert harness.best_runs(fns, repeats=2, in_a_row=2) == [{"a": 4.0, "b": 6.0}, {"a": 2.0, "b": 1.0}]
     assert calls == ["a", "a", "b", "b", "a", "a", "b", "b"]
     seconds["a"] = iter([3.0, 1.0])
     assert harness.best_of({"a": fns["a"]}, repeats=2) == {"a": 1.0}  # one run a round

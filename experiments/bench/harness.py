@@ -36,20 +36,21 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
 
 def best_of(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Best seconds of each warm (already compiled) function over `repeats` rounds that alternate them."""
-    return {name: runs[0] for name, runs in best_runs(fns, repeats, in_a_row=1).items()}
+    return best_runs(fns, repeats, in_a_row=1)[0]
 
 
-def best_runs(fns: dict[str, Callable[[], Any]], repeats: int, in_a_row: int) -> dict[str, list[float]]:
+def best_runs(fns: dict[str, Callable[[], Any]], repeats: int, in_a_row: int) -> list[dict[str, float]]:
     """Over `repeats` rounds that alternate the warm functions, each running `in_a_row` times in a row per
-    round: each function's best seconds at each place in the row ([best first run, best second run, ...]).
-    A step's later runs in a row follow itself, as in a training loop; its first follows another side's."""
-    best = {name: [float("inf")] * in_a_row for name in fns}
+    round: for each place in the row, each function's best seconds there ([best first runs, best second
+    runs, ...]). A step's later runs in a row follow itself, as in a training loop; its first follows
+    another side's."""
+    best = [dict.fromkeys(fns, float("inf")) for _ in range(in_a_row)]
     for _ in range(repeats):
         for name, fn in fns.items():
-            for place in range(in_a_row):
+            for place in best:
                 start = time.perf_counter()
                 fn()
-                best[name][place] = min(best[name][place], time.perf_counter() - start)
+                place[name] = min(place[name], time.perf_counter() - start)
     return best
 
 

@@ -120,8 +120,8 @@ def run(args: argparse.Namespace) -> float:
                 peft_first = theirs()
                 threads = torch_threads(theirs)
                 fns["peft"] = theirs
-            runs = {"peft": [float("nan")] * 2, **best_runs(fns, args.repeats, in_a_row=2)}
-            best, after_other = ({name: times[place] for name, times in runs.items()} for place in (1, 0))
+            after_other, best = ({"peft": float("nan"), **runs}
+                                 for runs in best_runs(fns, args.repeats, in_a_row=2))
             breakdowns[name, dtype] = profile()
             first_losses[dtype] = ours_first, peft_first
             ratio = best["peft"] / best["ours"]

@@ -73,10 +73,11 @@ def run(args: argparse.Namespace) -> float:
                     return torch_loss()
 
             threads = torch_threads(theirs)
-            runs = best_runs({"ours": lambda: jax.block_until_ready(grad_fn(params)), "torch": theirs,
-                              "ours forward": lambda: jax.block_until_ready(forward_fn(params)),
-                              "torch forward": theirs_forward, "peak": peak["jax"]}, args.repeats, in_a_row=2)
-            best, after_other = ({name: times[place] for name, times in runs.items()} for place in (1, 0))
+            after_other, best = best_runs({"ours": lambda: jax.block_until_ready(grad_fn(params)),
+                                           "torch": theirs,
+                                           "ours forward": lambda: jax.block_until_ready(forward_fn(params)),
+                                           "torch forward": theirs_forward, "peak": peak["jax"]},
+                                          args.repeats, in_a_row=2)
             losses[dtype] = float(grad_fn(params)[0]), float(theirs())
             breakdowns[name, dtype] = op_time_breakdown(grad_fn, params)
             gflops = train_flops(model_config, batch, length) / best["ours"] / 1e9
