@@ -6,12 +6,13 @@ mask over tokens therefore selects exactly the tokens a role sampled. With `allo
 that samples under constrained decoding), p is the softmax restricted to them, the distribution the
 tokens were drawn from; other tokens get log-prob about -1e9, so mask them out.
 
-The output head runs over sequence chunks, so neither the forward nor the backward pass holds more than
-one chunk's (batch x chunk x vocab) logits. `head_stats` writes the backward pass out: it computes the
-logits again and takes d/d logits in closed form from the saved max, log-sum-exp and entropy. By default
-a chunk's float32 logits fit in `logits_bytes()`: on an accelerator a small batch is one chunk, whose
-logits XLA then reuses from the forward pass; on XLA:CPU a chunk's logits are at most 64 MiB, where the
-head's passes over them run faster than over one large array, even with each chunk's logits computed twice.
+The output head runs over sequence chunks, so no pass over the logits takes more than one chunk's
+(batch x chunk x vocab). `head_stats` writes the backward pass out: it takes d/d logits in closed form from
+the saved max, log-sum-exp and entropy, and from the chunk's logits, which the forward pass keeps when all
+chunks' float32 logits together fit in `LOGITS_BYTES` (`keeps_logits`) and which are otherwise computed
+again. By default a chunk's float32 logits fit in `logits_bytes()`: on an accelerator a small batch is one
+chunk; on XLA:CPU a chunk's logits are at most 64 MiB, where the head's passes over them run faster than
+over one large array. An explicit chunk size bounds the memory instead: the logits are then never kept.
 When the entropy is a metric rather than a loss term (`entropy_gradient=False`) and the head weight is
 frozen (a LoRA base), the forward pass already computes each log-prob's gradient with respect to the
 hidden state, so the backward pass runs no matmul.
@@ -34,7 +35,7 @@ from scope_jax.models.decoder import Params, bind
 from scope_jax.models.layouts import xla_cpu_layouts
 
 
-LOGITS_BYTES = 512 * 2**20  # the float32 logits of one head chunk at most, when no chunk size is given
+LOGITS_BYTES = 512 * 2**20  # no chunk size given: one chunk's float32 logits at most, and all chunks' kept
 CPU_LOGITS_BYTES = 64 * 2**20  # the same on XLA:CPU (docs/models.md)
 VOCAB_SUM_ROWS = 16  # the vocabulary's rows summed down on XLA:CPU (`vocab_sums`)
 
@@ -99,40 +100,44 @@ def _allowed_mask(allowed: tuple[int, ...] | None, vocab: int) -> jax.Array | No
     return None if allowed is None else jnp.zeros(vocab, bool).at[jnp.asarray(allowed)].set(True)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
 def head_stats(hidden: jax.Array, weight: jax.Array, targets: jax.Array, temperature: float = 1.0,
-               allowed: tuple[int, ...] | None = None, entropy_gradient: bool = True) -> TokenStats:
+               allowed: tuple[int, ...] | None = None, entropy_gradient: bool = True,
+               keep_logits: bool = False) -> TokenStats:
     """log p(target) and entropy of softmax(hidden @ weight / temperature), in float32; with `allowed`
     (token ids) the softmax is restricted to them.
 
-    The backward pass is written out: it runs the logits matmul again and takes d/d logits in closed
-    form from the saved max, log-sum-exp and entropy, so it keeps no [.., vocab] array. With
-    entropy_gradient=False the entropy is a metric (differentiating it raises), and with the weight frozen
-    too the forward pass keeps d log p(target) / d hidden, so the backward pass runs no matmul.
+    The backward pass is written out: it takes d/d logits in closed form from the saved max, log-sum-exp
+    and entropy, and from the logits, kept from the forward pass (keep_logits) or else computed again by a
+    second logits matmul. With entropy_gradient=False the entropy is a metric (differentiating it raises),
+    and with the weight frozen too the forward pass keeps d log p(target) / d hidden instead, so the
+    backward pass runs no matmul and keeps no logits.
     """
     return _softmax_stats(_logits(hidden, weight, temperature, _allowed_mask(allowed, weight.shape[-1])),
                           targets)[0]
 
 
-def _head_stats_forward(hidden, weight, targets, temperature, allowed, entropy_gradient):
+def _head_stats_forward(hidden, weight, targets, temperature, allowed, entropy_gradient, keep_logits):
     h, w, t = hidden.value, weight.value, targets.value
     mask = _allowed_mask(allowed, w.shape[-1])
-    stats, top, log_total, probs = _softmax_stats(_logits(h, w, temperature, mask), t)
+    logits = _logits(h, w, temperature, mask)
+    stats, top, log_total, probs = _softmax_stats(logits, t)
     if weight.perturbed or entropy_gradient:
-        return stats, (h, w, t, top, log_total, stats.entropy, h if weight.perturbed else None, None)
+        return stats, (h, w, t, top, log_total, stats.entropy, h if weight.perturbed else None, None,
+                       logits if keep_logits else None)
     # d log p(t) / d logits = onehot(t) - probs (0 outside `allowed`); d logits / d h = W^T / temperature
     target_rows = w.T[t].astype(jnp.float32) * (1.0 if mask is None else mask[t][..., None])
     expected_row = jnp.einsum("...v,dv->...d", probs.astype(h.dtype), w.astype(h.dtype),
                               preferred_element_type=jnp.float32)
     d_hidden = ((target_rows - expected_row) / temperature).astype(h.dtype)
-    return stats, (None, None, None, None, None, None, None, d_hidden)
+    return stats, (None, None, None, None, None, None, None, d_hidden, None)
 
 
-def _head_stats_backward(temperature, allowed, entropy_gradient, residuals, grad: TokenStats):
+def _head_stats_backward(temperature, allowed, entropy_gradient, keep_logits, residuals, grad: TokenStats):
     if not entropy_gradient and not isinstance(grad.entropy, SymbolicZero):
         raise ValueError("this entropy is a metric: token_logprobs(..., entropy_gradient=True) "
                          "differentiates it")
-    h, w, t, top, log_total, entropy, weight_inputs, d_hidden = residuals
+    h, w, t, top, log_total, entropy, weight_inputs, d_hidden, logits = residuals
     zero = lambda g: None if isinstance(g, SymbolicZero) else g
     d_logprobs, d_entropy = zero(grad.logprobs), zero(grad.entropy)
     if d_logprobs is None and d_entropy is None:
@@ -140,7 +145,8 @@ def _head_stats_backward(temperature, allowed, entropy_gradient, residuals, grad
     if d_hidden is not None:
         return (d_logprobs[..., None] * d_hidden).astype(d_hidden.dtype), None, None
     mask = _allowed_mask(allowed, w.shape[-1])
-    logits = _logits(h, w, temperature, mask)
+    if logits is None:
+        logits = _logits(h, w, temperature, mask)
     logprobs = (logits - top[..., None]) - log_total[..., None]
     probs = jnp.exp(logprobs)
     # d log p(t) / d logits = onehot(t) - p;  d entropy / d logits = -p (log p + entropy)
@@ -167,6 +173,12 @@ def logits_bytes() -> int:
     return CPU_LOGITS_BYTES if xla_cpu_layouts() else LOGITS_BYTES
 
 
+def keeps_logits(batch: int, positions: int, vocab: int) -> bool:
+    """Whether the head's forward pass keeps the logits for the backward pass when no chunk size is given:
+    when all of them, float32 (batch x positions x vocab), fit in LOGITS_BYTES, on every backend."""
+    return batch * positions * vocab * 4 <= LOGITS_BYTES
+
+
 def head_chunk(batch: int, positions: int, vocab: int) -> int:
     """The default sequence chunk of the output head: the fewest equal chunks of `positions` whose float32
     logits (batch x chunk x vocab) each fit in `logits_bytes()`."""
@@ -178,8 +190,8 @@ def token_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, po
                    chunk_size: int | None = None, temperature: float = 1.0,
                    allowed: tuple[int, ...] | None = None, entropy_gradient: bool = True) -> TokenStats:
     """Per-token log-probs and entropies of `tokens` [B, L] under the model (see module docstring);
-    chunk_size: the head's sequence chunk (None: `head_chunk`); with entropy_gradient=False the entropy is a
-    metric (`head_stats`)."""
+    chunk_size: the head's sequence chunk (None: `head_chunk`, and the logits kept for the backward pass
+    when `keeps_logits`); with entropy_gradient=False the entropy is a metric (`head_stats`)."""
     chex.assert_rank([tokens, positions], 2)
     model = bind(graphdef, params)
     hidden, _ = model.hidden(tokens, positions)
@@ -194,7 +206,8 @@ def token_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, po
     hidden = hidden.reshape(batch, padded // chunk, chunk, dim).swapaxes(0, 1)
     targets = targets.reshape(batch, padded // chunk, chunk).swapaxes(0, 1)
 
-    stats = jax.lax.map(lambda ht: head_stats(ht[0], weight, ht[1], temperature, allowed, entropy_gradient),
-                        (hidden, targets))
+    keep = chunk_size is None and keeps_logits(batch, padded, weight.shape[-1])
+    stats = jax.lax.map(lambda ht: head_stats(ht[0], weight, ht[1], temperature, allowed, entropy_gradient,
+                                              keep), (hidden, targets))
     unchunk = lambda x: jnp.pad(x.swapaxes(0, 1).reshape(batch, padded)[:, :length - 1], ((0, 0), (1, 0)))
     return TokenStats(*map(unchunk, stats))

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scope_jax.logprobs import CPU_LOGITS_BYTES, LOGITS_BYTES, head_chunk, head_stats, token_logprobs
+from scope_jax.logprobs import (CPU_LOGITS_BYTES, LOGITS_BYTES, head_chunk, head_stats, keeps_logits,
+                                token_logprobs)
 from scope_jax.models import ModelConfig, init
 from tests.jaxprs import dot_generals
 
@@ -53,14 +54,15 @@ def test_head_stats_match_numpy(allowed):
 @pytest.mark.parametrize("allowed", [None, ALLOWED], ids=["full", "allowed"])
 @pytest.mark.parametrize("frozen", [True, False], ids=["frozen-weight", "trained-weight"])
 @pytest.mark.parametrize("entropy_gradient", [True, False], ids=["entropy-loss", "entropy-metric"])
-def test_head_stats_gradients_equal_autodiff(allowed, frozen, entropy_gradient):
+@pytest.mark.parametrize("keep_logits", [True, False], ids=["logits-kept", "logits-again"])
+def test_head_stats_gradients_equal_autodiff(allowed, frozen, entropy_gradient, keep_logits):
     hidden, weight, targets, cotangent = case(allowed, seed=1)
     entropy_cotangent = jnp.asarray(np.random.default_rng(2).normal(size=cotangent.shape), jnp.float32)
     entropy_weight = 1.0 if entropy_gradient else 0.0
     freeze = jax.lax.stop_gradient if frozen else (lambda w: w)
 
     def ours(h, w):
-        stats = head_stats(h, freeze(w), targets, 0.7, allowed, entropy_gradient)
+        stats = head_stats(h, freeze(w), targets, 0.7, allowed, entropy_gradient, keep_logits)
         entropy = stats.entropy if entropy_gradient else jax.lax.stop_gradient(stats.entropy)
         return jnp.sum(stats.logprobs * cotangent + entropy_weight * entropy * entropy_cotangent)
 
@@ -114,6 +116,31 @@ def test_a_frozen_head_with_a_metric_entropy_runs_one_matmul_less():
         return len(list(dot_generals(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)))
 
     assert dots(True) - dots(False) == 1
+
+
+def test_kept_logits_save_the_backward_passs_logits_matmul():
+    """With the default chunk the tiny model's logits (2 x 8 x 64 float32) are kept, and the gradient runs
+    one matmul less than with an explicit chunk (the same one chunk), whose backward pass computes them
+    again; the gradients agree."""
+    graphdef, params, tokens, positions = tiny_model()
+
+    def grad(chunk_size):
+        return jax.grad(lambda p: jnp.sum(token_logprobs(graphdef, p, tokens, positions,
+                                                         chunk_size=chunk_size).logprobs))
+
+    dots = lambda chunk_size: len(list(dot_generals(jax.make_jaxpr(grad(chunk_size))(params).jaxpr)))
+    assert dots(8) - dots(None) == 1
+    for kept, again in zip(jax.tree.leaves(grad(None)(params)), jax.tree.leaves(grad(8)(params))):
+        np.testing.assert_allclose(kept, again, atol=1e-6)
+
+
+def test_the_logits_are_kept_when_all_of_them_fit_in_the_budget():
+    """Hand-counted: float32 logits of batch x positions x vocab against LOGITS_BYTES (512 MiB)."""
+    vocab = LOGITS_BYTES // (4 * 8 * 100)  # 8 rows x 100 positions fill it exactly
+    assert keeps_logits(8, 100, vocab)
+    assert not keeps_logits(8, 101, vocab)
+    assert keeps_logits(8, 258, 49152)  # bench train_step's SmolLM2 batch, six chunks of 43: 406 MB
+    assert not keeps_logits(16, 258, 49152)  # twice that: 812 MB, computed again
 
 
 @pytest.mark.parametrize("backend, budget, smollm2_chunk", [("cpu", CPU_LOGITS_BYTES, 43),
