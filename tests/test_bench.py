@@ -142,12 +142,20 @@ def test_best_runs_alternate_the_functions_in_rows_and_keep_each_places_best(mon
     assert harness.best_of({"a": fns["a"]}, repeats=2) == {"a": 1.0}  # one run a round
 
 
-def test_the_header_says_where_and_when_a_run_was_made():
-    from experiments.bench.harness import header
+def test_the_header_says_where_and_when_a_run_was_made(monkeypatch):
+    from experiments.bench.harness import TIMING_ENVIRONMENT, header
 
+    for name in TIMING_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
     lines = header()
-    for field in ("command:", "date:", "commit:", "machine:", "cpu flags:", "load average before the run"):
+    for field in ("command:", "date:", "commit:", "machine:", "cpu flags:", "environment:",
+                  "load average before the run"):
         assert sum(line.startswith(field) for line in lines) == 1, (field, lines)
+    assert ("environment: none of XLA_FLAGS, GLIBC_TUNABLES, OMP_NUM_THREADS, OMP_WAIT_POLICY, "
+            "JAX_PLATFORMS") in lines
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert "environment: GLIBC_TUNABLES=glibc.malloc.hugetlb=1 OMP_WAIT_POLICY=PASSIVE" in header()
 
 
 def test_the_torch_threads_probe_alternates_the_counts_and_keeps_the_faster():

@@ -156,9 +156,13 @@ def _commit() -> str:
                      else "")
 
 
+TIMING_ENVIRONMENT = ("XLA_FLAGS", "GLIBC_TUNABLES", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "JAX_PLATFORMS")
+
+
 def header() -> list[str]:
     """Where and when a run is made: the command, the time, the commit, the machine (lscpu model and
-    flags, cores) and the load average just before the run (a timing under load measures the load too)."""
+    flags, cores), the environment variables among TIMING_ENVIRONMENT that are set (each changes the
+    timings), and the load average just before the run (a timing under load measures the load too)."""
     cpu = {key.strip(): value.strip() for key, value in _lscpu().items()}
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return [f"command: python -m experiments.bench {' '.join(sys.argv[1:])}",
@@ -166,4 +170,6 @@ def header() -> list[str]:
             f"commit: {_commit()}",
             f"machine: {cpu.get('Model name', 'unknown')}, {os.cpu_count()} CPUs; jax {jax.__version__}",
             f"cpu flags: {cpu.get('Flags', 'unknown')}",
+            "environment: " + (" ".join(f"{name}={os.environ[name]}" for name in TIMING_ENVIRONMENT
+                                        if name in os.environ) or f"none of {', '.join(TIMING_ENVIRONMENT)}"),
             f"load average before the run (1, 5, 15 min): {load}"]

@@ -33,8 +33,9 @@ class LossConfig:
     kl_coef / kl_estimator: weight and estimator ("k1", "k2", "k3") of the KL to the frozen reference.
     entropy_coef: weight of the entropy bonus.
     temperature: the sampling temperature, so recomputed log-probs match the behaviour log-probs.
-    chunk_size: sequence chunk of the output head (bounds the logits held in memory); None: the default
-      of `logprobs.head_chunk` (one chunk's logits within `logprobs.logits_bytes()`).
+    chunk_size: sequence chunk of the output head (bounds the logits held in memory: the backward pass
+      computes each chunk's again); None: the default of `logprobs.head_chunk` (one chunk's logits within
+      `logprobs.logits_bytes()`), with the logits kept for the backward pass when `logprobs.keeps_logits`.
     allowed_tokens: None, or the token ids the role samples from under constrained decoding; log-probs,
       entropies and KL are then taken under the softmax restricted to them, as the sampler drew.
     data_coef: weight of the data anchor, the NLL of the role's tokens in `Batch.sim_data` (simulators).
