@@ -35,7 +35,7 @@ from scope_jax.models.decoder import Params, bind
 from scope_jax.models.layouts import xla_cpu_layouts
 
 
-LOGITS_BYTES = 512 * 2**20  # no chunk size given: one chunk's float32 logits at most, and all chunks' kept
+LOGITS_BYTES = 512 * 2**20  # no chunk size given: a chunk's float32 logits at most; all chunks' when kept
 CPU_LOGITS_BYTES = 64 * 2**20  # the same on XLA:CPU (docs/models.md)
 VOCAB_SUM_ROWS = 16  # the vocabulary's rows summed down on XLA:CPU (`vocab_sums`)
 
