@@ -173,16 +173,20 @@ def logits_bytes() -> int:
     return CPU_LOGITS_BYTES if xla_cpu_layouts() else LOGITS_BYTES
 
 
+def _float32_logits_bytes(batch: int, positions: int, vocab: int) -> int:
+    return batch * positions * vocab * 4
+
+
 def keeps_logits(batch: int, positions: int, vocab: int) -> bool:
     """Whether the head's forward pass keeps the logits for the backward pass when no chunk size is given:
     when all of them, float32 (batch x positions x vocab), fit in LOGITS_BYTES, on every backend."""
-    return batch * positions * vocab * 4 <= LOGITS_BYTES
+    return _float32_logits_bytes(batch, positions, vocab) <= LOGITS_BYTES
 
 
 def head_chunk(batch: int, positions: int, vocab: int) -> int:
     """The default sequence chunk of the output head: the fewest equal chunks of `positions` whose float32
     logits (batch x chunk x vocab) each fit in `logits_bytes()`."""
-    chunks = -(-batch * positions * vocab * 4 // logits_bytes())
+    chunks = -(-_float32_logits_bytes(batch, positions, vocab) // logits_bytes())
     return max(1, -(-positions // chunks))
 
 
