@@ -15,6 +15,11 @@ On XLA:CPU a single tile of the differentiable `attention` runs over the batch r
 fit `ROW_GROUP_BYTES`, so that each group's scores and probabilities stay in cache between the ops that
 read them; elsewhere one tile takes every row (docs/models.md, layout tricks).
 
+With `groups`, the queries of each kv head are `groups` query heads of L positions each, folded head-major
+into Q (`fold_queries`), and the output comes back token-major, [N, L, H * groups * d], the layout the output
+projection reads; the backward pass then keeps that output, the very array the projection keeps, so a layer
+saves the attention output once.
+
 `accumulate` exposes the recurrence itself, so one set of queries can attend over several key segments
 in turn (a shared prompt prefix, then a row's own cache) with the exact result of one softmax over all.
 """
@@ -182,20 +187,41 @@ def _finished(q, k, v, q_pos, k_pos, block) -> Partial:
     return accumulate(Partial.empty(q), q, k, v, q_pos, k_pos, block)
 
 
-def attention(q, k, v, q_pos, k_pos, block: int = BLOCK) -> jax.Array:
-    """softmax(q k^T / sqrt(d), over visible keys) v, [N, H, Q, d]: one tile or blockwise (module
-    docstring)."""
-    return _attention(q, k, v, q_pos, k_pos, block)
+def unfold_queries(x: jax.Array, groups: int | None) -> jax.Array:
+    """[N, H, groups * L, e], each kv head's `groups` query heads one after another, as token-major [N, L,
+    H * groups * e] (query head h is kv head h // groups); unchanged when groups is None."""
+    if groups is None:
+        return x
+    n, heads, queries, e = x.shape
+    length = queries // groups
+    return x.reshape(n, heads, groups, length, e).transpose(0, 3, 1, 2, 4).reshape(n, length, -1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention(q, k, v, q_pos, k_pos, block):
-    return normalize(_finished(q, k, v, q_pos, k_pos, block), v.dtype)
+def fold_queries(x: jax.Array, heads: int, groups: int | None) -> jax.Array:
+    """The inverse of `unfold_queries`: token-major [N, L, heads * groups * e] as [N, heads, groups * L,
+    e]."""
+    if groups is None:
+        return x
+    n, length, features = x.shape
+    e = features // (heads * groups)
+    x = x.reshape(n, length, heads, groups, e).transpose(0, 2, 3, 1, 4)
+    return x.reshape(n, heads, groups * length, e)
 
 
-def _attention_forward(q, k, v, q_pos, k_pos, block):
+def attention(q, k, v, q_pos, k_pos, block: int = BLOCK, groups: int | None = None) -> jax.Array:
+    """softmax(q k^T / sqrt(d), over visible keys) v: one tile or blockwise (module docstring); [N, H, Q,
+    d], or with `groups` token-major [N, Q / groups, H * groups * d]."""
+    return _attention(q, k, v, q_pos, k_pos, block, groups)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attention(q, k, v, q_pos, k_pos, block, groups):
+    return unfold_queries(normalize(_finished(q, k, v, q_pos, k_pos, block), v.dtype), groups)
+
+
+def _attention_forward(q, k, v, q_pos, k_pos, block, groups):
     partial = _finished(q, k, v, q_pos, k_pos, block)
-    out = normalize(partial, v.dtype)
+    out = unfold_queries(normalize(partial, v.dtype), groups)
     # log-sum-exp of each query's visible scores (+inf when it sees nothing, so that exp(s - lse) = 0)
     lse = jnp.where(partial.sum > 0, partial.max + jnp.log(jnp.where(partial.sum > 0, partial.sum, 1.0)),
                     jnp.inf)
@@ -216,12 +242,21 @@ def _tile_gradients(q, k, v, grad, lse, delta, q_pos, k_pos):
             dot("nhqs,nhqd->nhsd", probs, grad))
 
 
-def _attention_backward(block, residuals, grad):
+def _delta(grad: jax.Array, out: jax.Array, heads: int, groups: int | None, dim: int) -> jax.Array:
+    """sum(grad * out) over each query's `dim` features, [N, H, Q]: summed in the output's own layout, then
+    (a tiny array) folded."""
+    products = grad.astype(jnp.float32) * out.astype(jnp.float32)
+    per_query = jnp.sum(products.reshape(*products.shape[:-1], -1, dim), axis=-1)  # [..., 1] when not grouped
+    return fold_queries(per_query, heads, groups)[..., 0]
+
+
+def _attention_backward(block, groups, residuals, grad):
     """One tile (in row groups) when the forward pass was one; else key blocks outside, query chunks
     inside: dk, dv of a block accumulate over the query chunks, dq over the key blocks. Each tile's
     probabilities are recomputed from the log-sum-exp."""
     q, k, v, q_pos, k_pos, out, lse = residuals
-    delta = jnp.sum(grad.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [N, H, Q]
+    delta = _delta(grad, out, q.shape[1], groups, q.shape[-1])  # [N, H, Q]
+    grad = fold_queries(grad, q.shape[1], groups)
     q_len, k_len = q.shape[2], k.shape[2]
     if _small(q_len, k_len, block):
         dq, dk, dv = _in_row_groups(_tile_gradients, q, k, v, grad, lse, delta, q_pos, k_pos)

@@ -112,7 +112,11 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, axis: int) -> jax.Arra
 def _rms_norm_forward(x, weight, eps, axis):
     x32 = x.astype(jnp.float32)
     inverse_root = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + eps)
-    return weight * (x32 * inverse_root).astype(x.dtype), (x, inverse_root, weight)
+    return _normalized(x, weight, inverse_root), (x, inverse_root, weight)
+
+
+def _normalized(x, weight, inverse_root):
+    return weight * (x.astype(jnp.float32) * inverse_root).astype(x.dtype)
 
 
 def _rms_norm_backward(eps, axis, residuals, grad):
@@ -211,28 +215,29 @@ class Attention(nnx.Module):
         # laid out as [batch dims..., rows, contraction] XLA:CPU runs both matmuls without transposing the
         # cache and several times faster than from the [B, L, heads, head_dim] layout.
         groups = c.num_heads // c.num_kv_heads
-        q = q.reshape(b, length, c.num_kv_heads, groups, c.head_dim).transpose(0, 2, 3, 1, 4)
-        q = q.reshape(b, c.num_kv_heads, groups * length, c.head_dim)
+        q = attention.fold_queries(q.reshape(b, length, c.num_heads * c.head_dim), c.num_kv_heads, groups)
         query_positions = jnp.tile(positions, (1, groups))
         if prefix is None:
-            out = attention.attention(q, k, v, query_positions, key_positions, self.block)
-        else:
-            partial = attention.shared_prefix(q, prefix[0], prefix[1], prefix[2], self.block)
-            partial = attention.accumulate(partial, q, k, v, query_positions, key_positions, self.block)
-            out = attention.normalize(partial, v.dtype)
-        out = out.reshape(b, c.num_kv_heads, groups, length, c.head_dim).transpose(0, 3, 1, 2, 4)
-        return out.reshape(b, length, c.num_heads * c.head_dim), cache
+            return attention.attention(q, k, v, query_positions, key_positions, self.block, groups), cache
+        partial = attention.shared_prefix(q, prefix[0], prefix[1], prefix[2], self.block)
+        partial = attention.accumulate(partial, q, k, v, query_positions, key_positions, self.block)
+        return attention.unfold_queries(attention.normalize(partial, v.dtype), groups), cache
 
 
-@jax.custom_vjp
-def swiglu_mlp(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-    """(silu(x W_gate) * x W_up) W_down over the last axis of x; backward pass written by hand."""
-    return (jax.nn.silu(x @ w_gate) * (x @ w_up)) @ w_down
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def normed_swiglu_mlp(x: jax.Array, norm_weight: jax.Array, w_gate: jax.Array, w_up: jax.Array,
+                      w_down: jax.Array, eps: float) -> jax.Array:
+    """(silu(n W_gate) * n W_up) W_down of n = rms_norm(x, norm_weight, eps) over the last axis, with a
+    hand-written backward pass. It keeps x, which the layer keeps anyway for the norm, rather than n, and
+    computes n again: one activation fewer saved per layer."""
+    normed = rms_norm(x, norm_weight, eps, -1)
+    return (jax.nn.silu(normed @ w_gate) * (normed @ w_up)) @ w_down
 
 
-def _swiglu_mlp_forward(x, w_gate, w_up, w_down):
-    gate, up = x @ w_gate, x @ w_up
-    return (jax.nn.silu(gate) * up) @ w_down, (x, gate, up, w_gate, w_up, w_down)
+def _normed_swiglu_mlp_forward(x, norm_weight, w_gate, w_up, w_down, eps):
+    normed, (_, inverse_root, _) = _rms_norm_forward(x, norm_weight, eps, -1)
+    gate, up = normed @ w_gate, normed @ w_up
+    return (jax.nn.silu(gate) * up) @ w_down, (x, inverse_root, norm_weight, gate, up, w_gate, w_up, w_down)
 
 
 def weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
@@ -249,18 +254,21 @@ def weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(tokens(grad).T @ tokens(inputs)).T
 
 
-def _swiglu_mlp_backward(residuals, grad):
-    x, gate, up, w_gate, w_up, w_down = residuals
+def _normed_swiglu_mlp_backward(eps, residuals, grad):
+    x, inverse_root, norm_weight, gate, up, w_gate, w_up, w_down = residuals
+    normed = _normalized(x, norm_weight, inverse_root)
     s = jax.nn.sigmoid(gate)
     act = gate * s
     d_hidden = grad @ w_down.T
     d_gate = d_hidden * up * s * (1 + gate * (1 - s))
     d_up = d_hidden * act
-    d_x = d_gate @ w_gate.T + d_up @ w_up.T
-    return d_x, weight_grad(x, d_gate), weight_grad(x, d_up), weight_grad(act * up, grad)
+    d_normed = d_gate @ w_gate.T + d_up @ w_up.T
+    d_x, d_norm_weight = _rms_norm_backward(eps, -1, (x, inverse_root, norm_weight), d_normed)
+    return (d_x, d_norm_weight, weight_grad(normed, d_gate), weight_grad(normed, d_up),
+            weight_grad(act * up, grad))
 
 
-swiglu_mlp.defvjp(_swiglu_mlp_forward, _swiglu_mlp_backward)
+normed_swiglu_mlp.defvjp(_normed_swiglu_mlp_forward, _normed_swiglu_mlp_backward)
 
 
 class MLP(nnx.Module):
@@ -270,9 +278,11 @@ class MLP(nnx.Module):
         self.up_proj = _linear(d, f, False, dtype, param_dtype, rngs)
         self.down_proj = _linear(f, d, False, dtype, param_dtype, rngs)
 
-    def __call__(self, x):
+    def __call__(self, x: jax.Array, norm: RMSNorm) -> jax.Array:
+        """The MLP of norm(x), normalised inside `normed_swiglu_mlp`."""
         projections = (self.gate_proj, self.up_proj, self.down_proj)
-        return swiglu_mlp(x, *(p.kernel[...].astype(x.dtype) for p in projections))
+        return normed_swiglu_mlp(x, norm.weight[...].astype(x.dtype),
+                                 *(p.kernel[...].astype(x.dtype) for p in projections), norm.eps)
 
 
 class Block(nnx.Module):
@@ -286,7 +296,7 @@ class Block(nnx.Module):
     def __call__(self, x, positions, inv_freq, cache, prefix=None):
         h, cache = self.self_attn(self.input_layernorm(x), positions, inv_freq, cache, prefix)
         x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x)), cache
+        return x + self.mlp(x, self.post_attention_layernorm), cache
 
     def decode_weights(self) -> "DecodeWeights":
         """This layer's kernels laid out for `decode_step` (a copy: make it once, outside the loop)."""

@@ -151,8 +151,8 @@ class LoRAMLP(MLP):
     """The SwiGLU MLP of frozen kernels with low-rank updates (`adapted_swiglu_mlp`); a projection that is
     not a target has a rank-0 update."""
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return adapted_swiglu_mlp(_input(self.gate_proj, x),
+    def __call__(self, x: jax.Array, norm: decoder.RMSNorm) -> jax.Array:
+        return adapted_swiglu_mlp(_input(self.gate_proj, norm(x)),
                                   *map(_adapted, (self.gate_proj, self.up_proj, self.down_proj)))
 
 
@@ -171,9 +171,9 @@ def _adapted(p: nnx.Linear) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 @jax.custom_vjp
 def adapted_swiglu_mlp(x: jax.Array, gate: tuple, up: tuple, down: tuple) -> jax.Array:
-    """`decoder.swiglu_mlp` whose projections are (kernel W, A, B) triples, each x (W + A B) as in
-    `adapted_matmul`: the backward pass keeps x and the gate and up projections of x (what swiglu_mlp's
-    keeps), and computes x's and the adapters' gradients only."""
+    """The SwiGLU MLP of `decoder.normed_swiglu_mlp`, of an already normalised x, whose projections are
+    (kernel W, A, B) triples, each x (W + A B) as in `adapted_matmul`: the backward pass keeps x and the gate
+    and up projections of x, and computes x's and the adapters' gradients only."""
     return adapted_matmul(jax.nn.silu(adapted_matmul(x, *gate)) * adapted_matmul(x, *up), *down)
 
 

@@ -174,3 +174,29 @@ def test_decoder_logprobs_and_gradients_are_the_same_blockwise():
     np.testing.assert_allclose(float(blocks), float(dense), rtol=1e-6)
     for a, b in zip(jax.tree.leaves(blocks_grad), jax.tree.leaves(dense_grad)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+
+
+@pytest.mark.parametrize("block", [64, 4], ids=["one-tile", "blockwise"])
+def test_grouped_queries_come_back_token_major_with_the_same_gradients(block):
+    """Three query heads per kv head, each over the same 7 positions, folded head-major into the query axis:
+    the output is the float64 reference's, laid out [N, L, heads * groups * d] (query head h of kv head h //
+    groups), and the gradients those of autodiff through the plain softmax and the same transpose."""
+    groups, length = 3, 7
+    _, k, v, token_positions, k_pos = case(length, 9, seed=4)
+    q_tokens = jnp.asarray(np.random.default_rng(5).normal(size=(N, length, H * groups * D)), jnp.float32)
+    q = attention.fold_queries(q_tokens, H, groups)
+    q_pos = jnp.tile(token_positions, (1, groups))
+    tokens_major = lambda x: np.asarray(x).reshape(N, H, groups, length, D).transpose(0, 3, 1, 2, 4).reshape(
+        N, length, -1)
+    np.testing.assert_array_equal(np.asarray(attention.unfold_queries(q, groups)), np.asarray(q_tokens))
+    ours = jax.jit(attention.attention, static_argnums=(5, 6))(q, k, v, q_pos, k_pos, block, groups)
+    np.testing.assert_allclose(np.asarray(ours), tokens_major(reference(q, k, v, q_pos, k_pos)), atol=2e-6)
+
+    weights = jnp.asarray(np.random.default_rng(6).normal(size=ours.shape), jnp.float32)
+    grouped = lambda q, k, v: jnp.sum(attention.attention(q, k, v, q_pos, k_pos, block, groups) * weights)
+    plain_tokens = lambda q, k, v: jnp.sum(
+        plain(q, k, v, q_pos, k_pos).reshape(N, H, groups, length, D).transpose(0, 3, 1, 2, 4).reshape(
+            N, length, -1) * weights)
+    expected = jax.grad(plain_tokens, argnums=(0, 1, 2))(q, k, v)
+    for name, a, b in zip("qkv", jax.jit(jax.grad(grouped, argnums=(0, 1, 2)))(q, k, v), expected):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, err_msg=name)
