@@ -151,11 +151,13 @@ def test_the_header_says_where_and_when_a_run_was_made(monkeypatch):
     for field in ("command:", "date:", "commit:", "machine:", "cpu flags:", "environment:",
                   "load average before the run"):
         assert sum(line.startswith(field) for line in lines) == 1, (field, lines)
-    assert ("environment: none of XLA_FLAGS, GLIBC_TUNABLES, OMP_NUM_THREADS, OMP_WAIT_POLICY, "
-            "JAX_PLATFORMS") in lines
+    assert ("environment: none of XLA_FLAGS, GLIBC_TUNABLES, MALLOC_ARENA_MAX, MALLOC_MMAP_MAX_, "
+            "MALLOC_TRIM_THRESHOLD_, OMP_NUM_THREADS, OMP_WAIT_POLICY, JAX_PLATFORMS") in lines
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    assert "environment: GLIBC_TUNABLES=glibc.malloc.hugetlb=1 OMP_WAIT_POLICY=PASSIVE" in header()
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "1")
+    assert ("environment: GLIBC_TUNABLES=glibc.malloc.hugetlb=1 MALLOC_ARENA_MAX=1 OMP_WAIT_POLICY=PASSIVE"
+            in header())
 
 
 def test_the_torch_threads_probe_alternates_the_counts_and_keeps_the_faster():

@@ -156,7 +156,8 @@ def _commit() -> str:
                      else "")
 
 
-TIMING_ENVIRONMENT = ("XLA_FLAGS", "GLIBC_TUNABLES", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "JAX_PLATFORMS")
+TIMING_ENVIRONMENT = ("XLA_FLAGS", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "MALLOC_MMAP_MAX_",
+                      "MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "JAX_PLATFORMS")
 
 
 def header() -> list[str]:
