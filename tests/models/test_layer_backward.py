@@ -37,9 +37,9 @@ def test_normed_swiglu_mlp_values_and_gradients_equal_a_float64_reference():
 
 def test_a_layer_keeps_each_activation_once():
     """Hand-counted for a 3-layer llama (no qk norm), batch 2 x 24 tokens, d 32, 4 query heads of 16 over
-    2 kv heads, MLP width 48: the saved activations, stacked over the layers. Neither norm's output is
-    kept (the projections' and the MLP's backward passes compute it again from x) and the attention output
-    is kept once, token-major, for both the attention's backward pass and the output projection's."""
+    2 kv heads, MLP width 48: the saved activations, stacked over the layers. The second norm's output is
+    not kept (the MLP's backward pass computes it again from x) and the attention output is kept once,
+    token-major, for both the attention's backward pass and the output projection's."""
     config = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48,
                          num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16)
     graphdef, params = init(config, seed=0)
