@@ -7,12 +7,15 @@ appended to, after dropping records at or beyond the step the run resumes from (
 are rewritten from the records kept, so no step appears twice).
 
 In a multi-host job every process opens the same directory (orbax checkpoints need all of them), but
-only process 0 writes files; the others' writes are no-ops.
+only process 0 writes files; the others' writes are no-ops. The files the others read (the config, the
+pinned records) are written whole or not at all, and a resumed run leaves them as they are: a process
+that read a half-written config would stop with an error the others never meet.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import time
@@ -31,6 +34,13 @@ ADAPTERS = "adapters.json"  # {base+adapter spec: the sha256 of its weights file
 
 class RunDirError(RuntimeError):
     """The run directory cannot be used as asked."""
+
+
+def _write_whole(file: pathlib.Path, text: str) -> None:
+    """Replace `file` by `text` in one step: a reader sees the old file or the new one, never a part."""
+    tmp = file.with_name(f".{file.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, file)
 
 
 def _to_builtin(value: Any) -> Any:
@@ -85,8 +95,8 @@ class RunDir:
             shutil.rmtree(path)
         path.mkdir(parents=True, exist_ok=True)
         run_dir = cls(path)
-        if run_dir.primary:
-            (path / CONFIG).write_text(config_json)
+        if run_dir.primary and not (path / CONFIG).exists():
+            _write_whole(path / CONFIG, config_json)
         return run_dir
 
     def pin(self, name: str, record: Mapping[str, Any]) -> None:
@@ -94,12 +104,13 @@ class RunDir:
         (e.g. an adapter's bytes) must be what the run began with."""
         text = json.dumps(_to_builtin(record), indent=1, sort_keys=True) + "\n"
         file = self.path / name
-        if file.exists() and file.read_text() != text:
-            began = json.loads(file.read_text())
-            raise RunDirError(f"{file} no longer matches this run: it began with {began}, now "
-                              f"{dict(record)}; restore what changed or choose another --workdir")
-        if self.primary:
-            file.write_text(text)
+        if file.exists():
+            if file.read_text() != text:
+                began = json.loads(file.read_text())
+                raise RunDirError(f"{file} no longer matches this run: it began with {began}, now "
+                                  f"{dict(record)}; restore what changed or choose another --workdir")
+        elif self.primary:
+            _write_whole(file, text)
 
     def __enter__(self) -> "RunDir":
         return self
@@ -125,7 +136,7 @@ class RunDir:
             return
         kept = [line for line in file.read_text().splitlines()
                 if line.strip() and json.loads(line)["step"] < from_step]
-        file.write_text("".join(line + "\n" for line in kept))
+        _write_whole(file, "".join(line + "\n" for line in kept))
         self.close()
         shutil.rmtree(self.path / TENSORBOARD, ignore_errors=True)
         for line in kept:
@@ -170,7 +181,7 @@ class RunDir:
         out = self.path / name
         if self.primary:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
+            _write_whole(out, text)
         return out
 
     def write_json(self, name: str, obj: Any) -> pathlib.Path:

@@ -1,0 +1,59 @@
+"""A run directory shared by the processes of a job: what the others read is written whole, and once."""
+
+import pathlib
+import time
+
+import jax
+import pytest
+
+from scope_jax.training.run_dir import ADAPTERS, CONFIG, RunDir
+
+CONFIG_DICT = {"seed": 0, "train": {"steps": 2}}
+PINNED = {"base+adapter": "sha256 of its weights"}
+
+
+def test_a_resumed_run_leaves_its_config_and_pinned_record_as_they_are(tmp_path):
+    with RunDir.create(tmp_path, CONFIG_DICT) as run:
+        run.pin(ADAPTERS, PINNED)
+    files = (tmp_path / CONFIG, tmp_path / ADAPTERS)
+    before = [(file.stat().st_ino, file.stat().st_mtime_ns) for file in files]
+    time.sleep(0.05)  # past the file system's timestamp granularity
+    with RunDir.create(tmp_path, CONFIG_DICT) as run:
+        run.pin(ADAPTERS, PINNED)
+    assert [(file.stat().st_ino, file.stat().st_mtime_ns) for file in files] == before
+
+
+def test_a_process_opening_the_run_while_process_0_writes_the_config_never_reads_half_of_it(
+        tmp_path, monkeypatch):
+    write_text = pathlib.Path.write_text
+
+    def write_in_two_halves(path, text, *args, **kwargs):
+        write_text(path, text[:len(text) // 2])
+        monkeypatch.setattr(jax, "process_index", lambda: 1)  # process 1 opens the run in between
+        with RunDir.create(tmp_path, CONFIG_DICT):
+            pass
+        monkeypatch.setattr(jax, "process_index", lambda: 0)
+        return write_text(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", write_in_two_halves)
+    with RunDir.create(tmp_path, CONFIG_DICT):
+        pass
+    monkeypatch.undo()
+    assert RunDir.create(tmp_path, CONFIG_DICT).path == tmp_path  # the config came out whole
+
+
+def test_a_process_killed_while_cutting_the_metrics_back_leaves_them_whole(tmp_path, monkeypatch):
+    with RunDir.create(tmp_path, CONFIG_DICT) as run:
+        for step in range(4):
+            run.log(step, {"reward": float(step)})
+    write_text = pathlib.Path.write_text
+
+    def killed_half_way(path, text, *args, **kwargs):
+        write_text(path, text[:len(text) // 2])
+        raise KeyboardInterrupt  # stands for the kill
+
+    monkeypatch.setattr(pathlib.Path, "write_text", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        RunDir(tmp_path).truncate_metrics(2)
+    monkeypatch.undo()
+    assert [record["step"] for record in RunDir(tmp_path).read_metrics()] == [0, 1, 2, 3]
