@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 from flax import serialization
 
-from scope_jax.training.run_dir import METRICS, RunDir
+from scope_jax.training.run_dir import METRICS, RunDir, write_whole
 
 ARMS_DIR = "arms"
 
@@ -40,10 +39,8 @@ class ArmResult:
 def save_tree(path, tree: dict) -> None:
     """A tree of arrays and strings to msgpack at path (an arm, and the run's pretrained and fitted
     models), written atomically (a killed run leaves the old file or the new one, never half of one)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(serialization.msgpack_serialize(
+    write_whole(path, serialization.msgpack_serialize(
         jax.tree.map(lambda x: x if isinstance(x, str) else np.asarray(x), tree)))
-    os.replace(tmp, path)
 
 
 def restore_tree(path) -> dict:

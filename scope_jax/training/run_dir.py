@@ -36,10 +36,14 @@ class RunDirError(RuntimeError):
     """The run directory cannot be used as asked."""
 
 
-def _write_whole(file: pathlib.Path, text: str) -> None:
-    """Replace `file` by `text` in one step: a reader sees the old file or the new one, never a part."""
+def write_whole(file: pathlib.Path, data: str | bytes) -> None:
+    """Replace `file` by `data` in one step: a reader, or a process killed meanwhile, leaves the old file
+    or the new one, never a part."""
     tmp = file.with_name(f".{file.name}.tmp")
-    tmp.write_text(text)
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
     os.replace(tmp, file)
 
 
@@ -96,7 +100,7 @@ class RunDir:
         path.mkdir(parents=True, exist_ok=True)
         run_dir = cls(path)
         if run_dir.primary and not (path / CONFIG).exists():
-            _write_whole(path / CONFIG, config_json)
+            write_whole(path / CONFIG, config_json)
         return run_dir
 
     def pin(self, name: str, record: Mapping[str, Any]) -> None:
@@ -110,7 +114,7 @@ class RunDir:
                 raise RunDirError(f"{file} no longer matches this run: it began with {began}, now "
                                   f"{dict(record)}; restore what changed or choose another --workdir")
         elif self.primary:
-            _write_whole(file, text)
+            write_whole(file, text)
 
     def __enter__(self) -> "RunDir":
         return self
@@ -136,7 +140,7 @@ class RunDir:
             return
         kept = [line for line in file.read_text().splitlines()
                 if line.strip() and json.loads(line)["step"] < from_step]
-        _write_whole(file, "".join(line + "\n" for line in kept))
+        write_whole(file, "".join(line + "\n" for line in kept))
         self.close()
         shutil.rmtree(self.path / TENSORBOARD, ignore_errors=True)
         for line in kept:
@@ -181,7 +185,7 @@ class RunDir:
         out = self.path / name
         if self.primary:
             out.parent.mkdir(parents=True, exist_ok=True)
-            _write_whole(out, text)
+            write_whole(out, text)
         return out
 
     def write_json(self, name: str, obj: Any) -> pathlib.Path:
