@@ -109,10 +109,10 @@ class RunDir:
         text = json.dumps(_to_builtin(record), indent=1, sort_keys=True) + "\n"
         file = self.path / name
         if file.exists():
-            if file.read_text() != text:
-                began = json.loads(file.read_text())
-                raise RunDirError(f"{file} no longer matches this run: it began with {began}, now "
-                                  f"{dict(record)}; restore what changed or choose another --workdir")
+            began = file.read_text()
+            if began != text:
+                raise RunDirError(f"{file} no longer matches this run: it began with {json.loads(began)}, "
+                                  f"now {dict(record)}; restore what changed or choose another --workdir")
         elif self.primary:
             write_whole(file, text)
 
