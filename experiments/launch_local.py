@@ -65,17 +65,21 @@ def launch(processes: int, devices: int, run_args: list[str], grace: float,
         failed, since = None, 0.0
         while True:
             statuses = [child.poll() for child in children]
-            if None not in statuses:
-                return next((s for s in statuses if s), 0) if failed is None else statuses[failed]
             if failed is None:
                 failed = next((i for i, s in enumerate(statuses) if s not in (None, 0)), None)
                 since = time.time()
-            if failed is not None and (statuses[failed] < 0 or time.time() - since > grace):
+            # a killed process is the lost one, even where another failed first (in a collective with it)
+            killed = next((i for i, s in enumerate(statuses) if s is not None and s < 0), None)
+            ended = None not in statuses
+            if killed is not None or (failed is not None and not ended and time.time() - since > grace):
+                lost = failed if killed is None else killed
                 # on a line of its own: a progress bar may have left the cursor mid-line
-                print(f"\nerror: process {failed} of {processes} {exit_reason(statuses[failed])}; "
+                print(f"\nerror: process {lost} of {processes} {exit_reason(statuses[lost])}; "
                       "stopping the others", file=sys.stderr, flush=True)
                 stop(children, grace)
                 return 1
+            if ended:
+                return 0 if failed is None else statuses[failed]
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         stop(children, grace)

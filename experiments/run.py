@@ -7,7 +7,8 @@ environment) goes to the job's run rather than being built again; the run writes
 supports that; a finished run is only replaced with --overwrite.
 
 A user's mistake, or a run that stops on purpose, ends with one line `error: ...` and exit status 1, no
-traceback (see USER_ERRORS); anything else is a bug and keeps its traceback.
+traceback (see USER_ERRORS); anything else is a bug and keeps its traceback. A process of a multi-process
+job leaves at once either way, so that none waits for it (`distributed.exit_with_error`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from experiments import jobs
+from scope_jax import distributed
 from scope_jax.config import ConfigError, validate
 from scope_jax.dialogue.views import ViewError
 from scope_jax.training.checkpoint import CheckpointError
@@ -42,9 +44,11 @@ USER_ERRORS = (ConfigError, RunDirError, CheckpointError, TrainingStopped, ViewE
 
 
 def default_workdir(config_arg: str) -> pathlib.Path:
+    """runs/NAME-TIMESTAMP; every process of a multi-process job takes process 0's timestamp."""
     path, _, arg = config_arg.partition(":")
     name = pathlib.Path(path).stem + (f"-{arg}" if arg else "")
-    return pathlib.Path("runs") / f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    stamp = distributed.gather(f"{datetime.datetime.now():%Y%m%d-%H%M%S}")[0]
+    return pathlib.Path("runs") / f"{name}-{stamp}"
 
 
 def prepare(config) -> tuple[ModuleType, Any]:
@@ -61,12 +65,13 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if _DISTRIBUTED.value:
-        from scope_jax import distributed
-
         distributed.initialize()
     config = _CONFIG.value
     try:
         job, checked = prepare(config)
+    except USER_ERRORS as e:
+        distributed.exit_with_error(str(e), on_every_process=True)  # the same config, the same checks
+    try:
         workdir = pathlib.Path(_WORKDIR.value) if _WORKDIR.value else default_workdir(_config_spec())
         run_dir = RunDir.create(workdir, config, overwrite=_OVERWRITE.value)
         print(f"run directory: {run_dir.path}")
@@ -76,10 +81,7 @@ def main(argv: list[str]) -> None:
             else:
                 job.run(config, run_dir, checked)  # what the check built, not built again
     except USER_ERRORS as e:
-        import jax
-
-        # every process of a multi-process job meets the same error: process 0 says it
-        sys.exit(f"error: {e}" if jax.process_index() == 0 else 1)
+        distributed.exit_with_error(str(e))
     print(f"done: {run_dir.path}")
 
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-from typing import Any, Callable, Sequence, TypeVar
+import sys
+from typing import Any, Callable, NoReturn, Sequence, TypeVar
 
 import jax
 import numpy as np
@@ -42,7 +43,8 @@ HEARTBEAT_TIMEOUT_S = 60  # a process that stops answering is declared lost afte
 def initialize() -> None:
     """`jax.distributed.initialize` with the coordinator and process ids of experiments.launch_local's
     environment when it is set, else from Slurm's or a TPU VM's (JAX detects those). CPU collectives go
-    through gloo (XLA:CPU has no others).
+    through gloo (XLA:CPU has no others). From here an exception nothing catches ends the process as
+    `exit_with_error` does, after its traceback.
 
     The processes then meet in one collective while they are still in step: on the CPU it builds the gloo
     context, whose creation fails when one process reaches the first collective more than 30 s after
@@ -53,7 +55,40 @@ def initialize() -> None:
                                    int(os.environ[PROCESS_ID]), heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
     else:
         jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+    sys.excepthook = _leaving_at_once(sys.excepthook)
     multihost_utils.sync_global_devices("scope_jax.distributed.initialize")
+
+
+def _leaving_at_once(excepthook: Callable[..., None]) -> Callable[..., None]:
+    """`excepthook` (which prints the traceback), then `os._exit`: see `exit_with_error`."""
+    def leave(*exc_info) -> None:
+        excepthook(*exc_info)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    return leave
+
+
+def exit_with_error(message: str, *, on_every_process: bool = False) -> NoReturn:
+    """End this process with `error: message` on stderr and exit status 1.
+
+    A process of a multi-process job leaves at once (`os._exit`), without JAX's shutdown barrier: the
+    others may be waiting in a collective this process will never join, and the barrier would wait for
+    them, so the job would hang. They are then stopped by experiments.launch_local, or on a cluster by the
+    coordination service after HEARTBEAT_TIMEOUT_S. The line names the process (`error: process 1 of 2:
+    ...`), except that process 0 alone says an error every process meets alike (`on_every_process`: a
+    refused config)."""
+    if jax.process_count() == 1:
+        sys.exit(f"error: {message}")
+    process = jax.process_index()
+    if process == 0:
+        print(f"error: {message}", file=sys.stderr)
+    elif not on_every_process:
+        print(f"error: process {process} of {jax.process_count()}: {message}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,9 +7,10 @@ appended to, after dropping records at or beyond the step the run resumes from (
 are rewritten from the records kept, so no step appears twice).
 
 In a multi-host job every process opens the same directory (orbax checkpoints need all of them), but
-only process 0 writes files; the others' writes are no-ops. The files the others read (the config, the
-pinned records) are written whole or not at all, and a resumed run leaves them as they are: a process
-that read a half-written config would stop with an error the others never meet.
+only process 0 writes files, and only it removes a run that --overwrite replaces, before the others go
+on; the others' writes are no-ops. The files the others read (the config, the pinned records) are
+written whole or not at all, and a resumed run leaves them as they are: a process that read a
+half-written config would stop with an error the others never meet.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ class RunDir:
 
         A finished run is refused unless `overwrite`; an unfinished one must hold the same config.
         """
+        import jax
+        from jax.experimental import multihost_utils
+
         path = pathlib.Path(path)
         config_json = json.dumps(_to_builtin(config.to_dict() if hasattr(config, "to_dict") else config),
                                  indent=2, sort_keys=True)
@@ -91,12 +95,16 @@ class RunDir:
             if not overwrite:
                 raise RunDirError(f"{path} holds a finished run; "
                                   "pass --overwrite or choose another --workdir")
-            shutil.rmtree(path)
-        elif (path / CONFIG).exists() and (path / CONFIG).read_text() != config_json:
-            if not overwrite:
+            replaced = True
+        else:
+            replaced = (path / CONFIG).exists() and (path / CONFIG).read_text() != config_json
+            if replaced and not overwrite:
                 raise RunDirError(f"{path} holds an unfinished run of another config; pass --overwrite or "
                                   "choose another --workdir")
+        if replaced and jax.process_index() == 0:
             shutil.rmtree(path)
+        if jax.process_count() > 1:  # no process makes a folder in the directory before it is cleared
+            multihost_utils.sync_global_devices(f"RunDir.create {path}")
         path.mkdir(parents=True, exist_ok=True)
         run_dir = cls(path)
         if run_dir.primary and not (path / CONFIG).exists():
@@ -195,7 +203,7 @@ class RunDir:
         """Write summary.md; this marks the run as finished."""
         out = self.path / SUMMARY
         if self.primary:
-            out.write_text(markdown.rstrip() + "\n")
+            write_whole(out, markdown.rstrip() + "\n")
         return out
 
     @staticmethod

@@ -20,13 +20,16 @@ import time
 import numpy as np
 import pytest
 
+from experiments import run
 from experiments.launch_local import with_host_devices
 from scope_jax.distributed import Shards
+from tests.training.distributed_error import MESSAGE
 from tests.training.test_loop import DETERMINISTIC
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RTOL = 1e-5
 LOST_BOUND_S = 30  # the launcher's grace (10 s) to stop the others, plus polling and process exit
+ERROR_BOUND_S = 90  # two processes start, import jax and connect, then a grace of 1 s
 # tests/conftest.py's XLA flags and compilation cache; the device count is replaced
 ENV = dict(os.environ)
 RUN = ["--config=experiments/configs/target_word.py", "--config.mesh.data=-1", "--config.rollout.shards=2"]
@@ -38,11 +41,21 @@ def one_process(module: str, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def two_processes(module: str, *args: str) -> subprocess.Popen:
+def two_processes(module: str, *args: str, grace: float = 10) -> subprocess.Popen:
     """`module` on 2 processes of 1 CPU device each (the launcher sets the device count)."""
     return subprocess.Popen([sys.executable, "-m", "experiments.launch_local", "--processes=2", "--devices=1",
-                             f"--module={module}", "--", *args], cwd=ROOT, env=ENV,
+                             f"--grace={grace}", f"--module={module}", "--", *args], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def ended_within(job: subprocess.Popen, seconds: float) -> tuple[str, str]:
+    """The job's stdout and stderr; if it has not ended within `seconds`, it is killed and the test fails."""
+    try:
+        return job.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        for pid in [*children(job.pid), job.pid]:
+            os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the job did not end within {seconds} s")
 
 
 def finish(process: subprocess.Popen) -> str:
@@ -89,6 +102,13 @@ def test_shards_split_the_groups_over_the_processes_whole_and_in_order():
         Shards(3, processes=2, process=0)
 
 
+def test_every_process_names_the_default_run_directory_with_process_0s_timestamp(monkeypatch):
+    # as process 1 of 2, which started a second after process 0
+    monkeypatch.setattr(run.distributed, "gather", lambda stamp: ["20261206-000000", stamp])
+    assert run.default_workdir("experiments/configs/target_word.py:x") == pathlib.Path(
+        "runs/target_word-x-20261206-000000")
+
+
 # The frozen mode's metrics on two processes against one are compared by the lost-process test below, so the
 # global batch is compared here in the mode that adds the most: a trained population of simulators.
 @pytest.mark.slow
@@ -106,6 +126,24 @@ def test_groups_that_do_not_divide_over_the_processes_are_refused_in_one_line(tm
     assert errors == ["error: config key 'rollout.groups' or 'rollout.shards': 3 scenario groups do not "
                       "split into 2 shards (each process plays whole shards; see docs/distributed.md)"], err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("error", ["user", "bug"])
+def test_a_process_that_meets_an_error_alone_says_it_and_the_job_ends(error):
+    # Process 0 waits in a collective that process 1 never joins: had process 1 then waited in JAX's
+    # shutdown barrier, for process 0, neither would end.
+    job = two_processes("tests.training.distributed_error", f"--error={error}", grace=1)
+    _, err = ended_within(job, ERROR_BOUND_S)
+    assert job.returncode == 1
+    said = f"error: process 1 of 2: {MESSAGE}" if error == "user" else f"RuntimeError: {MESSAGE}"
+    assert said in err.splitlines(), err
+
+
+def test_the_launcher_names_a_killed_process_even_after_another_failed_first():
+    job = two_processes("tests.training.launcher_lost")
+    _, err = ended_within(job, ERROR_BOUND_S)
+    assert job.returncode == 1
+    assert "error: process 1 of 2 was killed by SIGKILL; stopping the others" in err.splitlines(), err
 
 
 def metric_records(workdir: pathlib.Path) -> list[dict]:
@@ -146,12 +184,7 @@ def test_a_process_that_reaches_the_first_collective_late_is_waited_for():
     # XLA:CPU's gloo context creation gives up when a process arrives more than 30 s after another; the
     # context built in distributed.initialize lets the job's own first collective wait.
     job = two_processes("tests.training.distributed_late", "--late=32")
-    try:  # without the context the job fails too, but only after minutes of shutdown barriers
-        out, err = job.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        for pid in [*children(job.pid), job.pid]:
-            os.kill(pid, signal.SIGKILL)
-        pytest.fail("the job did not finish within 150 s")
+    out, err = ended_within(job, 150)  # without the context it fails too, after minutes of shutdown barriers
     assert job.returncode == 0, out + err
     # the launcher passes both processes' output through as it comes, so their lines may run together
     assert sorted(re.findall(r"process (\d) gathered \[\[0, 0\], \[1, 1\]\]", out)) == ["0", "1"], out

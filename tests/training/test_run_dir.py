@@ -5,8 +5,9 @@ import time
 
 import jax
 import pytest
+from jax.experimental import multihost_utils
 
-from scope_jax.training.run_dir import ADAPTERS, CONFIG, RunDir
+from scope_jax.training.run_dir import ADAPTERS, CONFIG, SUMMARY, RunDir
 
 CONFIG_DICT = {"seed": 0, "train": {"steps": 2}}
 PINNED = {"base+adapter": "sha256 of its weights"}
@@ -57,3 +58,18 @@ def test_a_process_killed_while_cutting_the_metrics_back_leaves_them_whole(tmp_p
         RunDir(tmp_path).truncate_metrics(2)
     monkeypatch.undo()
     assert [record["step"] for record in RunDir(tmp_path).read_metrics()] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("process", [0, 1])
+def test_only_process_0_removes_the_run_that_overwrite_replaces_before_the_processes_meet(
+        tmp_path, monkeypatch, process):
+    with RunDir.create(tmp_path, CONFIG_DICT) as run:
+        run.write_summary("# a finished run")
+    met = []  # whether the finished run was still there when this process met the others
+    monkeypatch.setattr(jax, "process_index", lambda: process)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost_utils, "sync_global_devices",
+                        lambda name: met.append((tmp_path / SUMMARY).exists()))
+    RunDir.create(tmp_path, {**CONFIG_DICT, "seed": 1}, overwrite=True)
+    # process 0 removed it before meeting the others; process 1 left it to process 0
+    assert met == [process == 1]
