@@ -176,7 +176,7 @@ def test_run_dir_refuses_a_finished_run_and_truncates_resumed_metrics(tmp_path):
     with RunDir.create(tmp_path, config) as run_dir:
         for step in range(5):
             run_dir.log(step, {"x": float(step)})
-        run_dir.truncate_metrics(3)
+        run_dir.keep_metrics(lambda record: record["step"] < 3)
         assert [r["step"] for r in run_dir.read_metrics()] == [0, 1, 2]
         run_dir.close()
         assert tensorboard_scalars(tmp_path / "tensorboard") == [("x", 0), ("x", 1), ("x", 2)]

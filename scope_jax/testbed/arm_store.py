@@ -7,14 +7,13 @@ its saved result).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 from flax import serialization
 
-from scope_jax.training.run_dir import METRICS, RunDir, write_whole
+from scope_jax.training.run_dir import RunDir, RunDirError, write_whole
 
 ARMS_DIR = "arms"
 
@@ -44,7 +43,12 @@ def save_tree(path, tree: dict) -> None:
 
 
 def restore_tree(path) -> dict:
-    return serialization.msgpack_restore(path.read_bytes())
+    """What `save_tree` wrote at path; a file that does not unpack is a RunDirError naming it."""
+    try:
+        return serialization.msgpack_restore(path.read_bytes())
+    except ValueError as e:  # msgpack's unpack errors
+        raise RunDirError(f"{path} is unreadable ({type(e).__name__}: {e}); delete it, and the run computes "
+                          "it again") from e
 
 
 def log_arm(name: str, result: ArmResult, seeds: Sequence[int], log: Callable) -> None:
@@ -86,7 +90,5 @@ class ArmStore:
         for record in records:
             counts[arm_of(record)] = counts.get(arm_of(record), 0) + 1
         complete = {name for name, result in finished.items() if counts.get(name) == result.records}
-        kept = [record for record in records if arm_of(record) in complete]
-        if len(kept) < len(records) and self.run_dir.primary:
-            (self.run_dir.path / METRICS).write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.run_dir.keep_metrics(lambda record: arm_of(record) in complete)
         return complete

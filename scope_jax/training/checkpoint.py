@@ -160,7 +160,7 @@ class Checkpointer:
         if meta["fingerprint"] != self.fingerprint:
             raise CheckpointError(f"checkpoint at step {step} in {self.directory} was written by "
                                   f"another config (fingerprint {meta['fingerprint']} != {self.fingerprint});"
-                                  " use a new --workdir or --overwrite")
+                                  f" delete {self.directory} to start the run over, or use a new --workdir")
         self._check_tree(step, meta["leaves"], abstract_state)
         restored = self._read(step, state=ocp.args.StandardRestore(abstract_state),
                               host=ocp.args.JsonRestore())

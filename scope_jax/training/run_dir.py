@@ -3,8 +3,9 @@
 A run directory is *finished* once `summary.md` exists. Opening a finished directory again is refused
 unless the caller asks to overwrite it, so a completed run's outputs are never lost by accident.
 An unfinished directory can be reopened (that is how a killed run resumes); `metrics.jsonl` is then
-appended to, after dropping records at or beyond the step the run resumes from (the tensorboard events
-are rewritten from the records kept, so no step appears twice).
+appended to, after dropping the records the run will log again (`keep_metrics`: those at or beyond the
+step it resumes from, all of them when no checkpoint was written; the tensorboard events are rewritten
+from the records kept, so no step appears twice).
 
 In a multi-host job every process opens the same directory (orbax checkpoints need all of them), but
 only process 0 writes files, and only it removes a run that --overwrite replaces, before the others go
@@ -19,8 +20,9 @@ import json
 import os
 import pathlib
 import shutil
+import sys
 import time
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import numpy as np
 
@@ -46,6 +48,14 @@ def write_whole(file: pathlib.Path, data: str | bytes) -> None:
     else:
         tmp.write_bytes(data)
     os.replace(tmp, file)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def _to_builtin(value: Any) -> Any:
@@ -97,7 +107,11 @@ class RunDir:
                                   "pass --overwrite or choose another --workdir")
             replaced = True
         else:
-            replaced = (path / CONFIG).exists() and (path / CONFIG).read_text() != config_json
+            began = (path / CONFIG).read_text() if (path / CONFIG).exists() else config_json
+            replaced = began != config_json
+            if replaced and not overwrite and not _is_json(began):
+                raise RunDirError(f"{path / CONFIG} is damaged (not JSON); restore it to resume the run, or pass "
+                                  "--overwrite to discard the run")
             if replaced and not overwrite:
                 raise RunDirError(f"{path} holds an unfinished run of another config; pass --overwrite or "
                                   "choose another --workdir")
@@ -140,19 +154,17 @@ class RunDir:
             self._tb = SummaryWriter(str(self.path / TENSORBOARD), filename_suffix=f".{time.time_ns()}")
         return self._tb
 
-    def truncate_metrics(self, from_step: int) -> None:
-        """Drop metric records with step >= from_step (a resumed run logs them again), from metrics.jsonl
-        and from the tensorboard events, which are rewritten from the records kept."""
-        file = self.path / METRICS
-        if not file.exists() or not self.primary:
+    def keep_metrics(self, keep: Callable[[dict[str, Any]], bool]) -> None:
+        """Keep the records `keep` accepts, in metrics.jsonl and in the tensorboard events (rewritten from
+        the records kept): a resumed run logs the others again."""
+        if not self.primary or not (self.path / METRICS).exists():
             return
-        kept = [line for line in file.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] < from_step]
-        write_whole(file, "".join(line + "\n" for line in kept))
+        kept = [record for record in self.read_metrics() if keep(record)]
+        write_whole(self.path / METRICS, "".join(json.dumps(record) + "\n" for record in kept))
         self.close()
         shutil.rmtree(self.path / TENSORBOARD, ignore_errors=True)
-        for line in kept:
-            self._scalars(json.loads(line))
+        for record in kept:
+            self._scalars(record)
 
     def log(self, step: int, metrics: Mapping[str, Any], *, prefix: str = "") -> None:
         """Append one record to metrics.jsonl and write scalars to tensorboard."""
@@ -170,10 +182,23 @@ class RunDir:
                 self.tensorboard.add_scalar(key, value, int(record["step"]))
 
     def read_metrics(self) -> list[dict[str, Any]]:
+        """The records of metrics.jsonl. A last line that is not a whole record, as a process stopped while
+        writing it leaves, is left out with a warning; any other such line is an error that names it."""
         file = self.path / METRICS
         if not file.exists():
             return []
-        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+        lines = [(n, line) for n, line in enumerate(file.read_text().splitlines(), 1) if line.strip()]
+        records = []
+        for n, line in lines:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                if n != lines[-1][0]:
+                    raise RunDirError(f"{file} line {n} is not a JSON record ({e}); mend or delete that line") \
+                        from e
+                print(f"warning: {file} ends in a line that is not a whole record ({len(line)} characters); "
+                      "it is left out", file=sys.stderr)
+        return records
 
     def figure_path(self, name: str) -> pathlib.Path:
         return self.figures / (name if name.endswith(".png") else name + ".png")

@@ -94,13 +94,15 @@ class CheckpointedLoop:
 def resume_or_place(state: joint.JointState, mesh, ckpt: Checkpointer,
                     run_dir: RunDir) -> tuple[joint.JointState, dict | None]:
     """The latest checkpoint's state and host counters (the run's metrics cut back to its step), or, with
-    no checkpoint, `state` placed on its shardings and None."""
+    no checkpoint, `state` placed on its shardings and None (the metrics of a run killed before its first
+    checkpoint dropped)."""
     shardings = joint.state_shardings(state, mesh)
     if ckpt.latest_step() is None:
+        run_dir.keep_metrics(lambda record: False)
         return sharding.place(state, shardings), None
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
     state, host = ckpt.restore(abstract)
-    run_dir.truncate_metrics(host["step"])
+    run_dir.keep_metrics(lambda record: record["step"] < host["step"])
     print(f"resumed from step {host['step']}")
     return state, host
 

@@ -7,7 +7,7 @@ import pytest
 
 from scope_jax.testbed import arm_store, experiment
 from scope_jax.testbed.arms import ARMS
-from scope_jax.training.run_dir import METRICS, RunDir
+from scope_jax.training.run_dir import METRICS, RunDir, RunDirError
 from tests.testbed.conftest import QUICK, RL
 
 
@@ -51,3 +51,11 @@ def test_an_interrupted_run_resumes_without_rerunning_or_relogging_finished_arms
         assert sum(_arm_of(r) == name for r in records) == result.records, name
     for key, value in first.evals.items():
         np.testing.assert_array_equal(results.arms["frozen"].evals[key], value)
+
+
+def test_a_damaged_saved_arm_is_named_with_what_to_do(tmp_path):
+    path = tmp_path / "frozen.msgpack"
+    arm_store.save_tree(path, {"label": "frozen", "evals": {"reward": np.arange(4.0)}})
+    path.write_bytes(path.read_bytes()[:-5])
+    with pytest.raises(RunDirError, match="frozen.msgpack is unreadable .*delete it, and the run computes it"):
+        arm_store.restore_tree(path)

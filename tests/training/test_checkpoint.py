@@ -15,6 +15,8 @@ from scope_jax.training import state as joint
 from scope_jax.training.batch import Batch
 from scope_jax.training.checkpoint import CheckpointError, Checkpointer, config_fingerprint
 from scope_jax.training.optimizer import OptimizerConfig, make_optimizer
+from scope_jax.training.run_dir import RunDir
+from scope_jax.training.train import resume_or_place
 from scope_jax.training.train_step import TrainStepConfig, make_train_step
 
 from .conftest import random_role_batch
@@ -189,3 +191,19 @@ def test_half_written_checkpoint_is_ignored(tmp_path, trained_state):
         assert ckpt.latest_step() == 3
     assert json.loads((tmp_path / "checkpoints" / "3" / "host" / "metadata").read_text()) == host_state()
     assert not partial.exists()
+
+
+def test_a_run_resumed_from_no_checkpoint_or_from_one_drops_the_records_it_logs_again(tmp_path, trained_state):
+    run_dir = RunDir.create(tmp_path / "run", {"a": 1})
+    for step in range(3):  # a run killed before its first checkpoint
+        run_dir.log(step, {"x": float(step)})
+    ckpt = Checkpointer(tmp_path / "checkpoints", FINGERPRINT)
+    mesh = sharding.make_mesh()
+    assert resume_or_place(trained_state, mesh, ckpt, run_dir)[1] is None
+    assert run_dir.read_metrics() == []
+    for step in range(3):
+        run_dir.log(step, {"x": float(step)})
+    ckpt.save(2, trained_state, {"step": 2})
+    assert resume_or_place(trained_state, mesh, ckpt, run_dir)[1] == {"step": 2}
+    assert [record["step"] for record in run_dir.read_metrics()] == [0, 1]
+    ckpt.close()

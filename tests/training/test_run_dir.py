@@ -7,7 +7,7 @@ import jax
 import pytest
 from jax.experimental import multihost_utils
 
-from scope_jax.training.run_dir import ADAPTERS, CONFIG, SUMMARY, RunDir
+from scope_jax.training.run_dir import ADAPTERS, CONFIG, METRICS, SUMMARY, RunDir, RunDirError
 
 CONFIG_DICT = {"seed": 0, "train": {"steps": 2}}
 PINNED = {"base+adapter": "sha256 of its weights"}
@@ -55,7 +55,7 @@ def test_a_process_killed_while_cutting_the_metrics_back_leaves_them_whole(tmp_p
 
     monkeypatch.setattr(pathlib.Path, "write_text", killed_half_way)
     with pytest.raises(KeyboardInterrupt):
-        RunDir(tmp_path).truncate_metrics(2)
+        RunDir(tmp_path).keep_metrics(lambda record: record["step"] < 2)
     monkeypatch.undo()
     assert [record["step"] for record in RunDir(tmp_path).read_metrics()] == [0, 1, 2, 3]
 
@@ -73,3 +73,28 @@ def test_only_process_0_removes_the_run_that_overwrite_replaces_before_the_proce
     RunDir.create(tmp_path, {**CONFIG_DICT, "seed": 1}, overwrite=True)
     # process 0 removed it before meeting the others; process 1 left it to process 0
     assert met == [process == 1]
+
+
+def test_a_last_metrics_line_cut_short_is_left_out_with_a_warning_and_an_earlier_one_is_named(tmp_path, capsys):
+    with RunDir.create(tmp_path, CONFIG_DICT) as run:
+        for step in range(3):
+            run.log(step, {"reward": float(step)})
+    whole = (tmp_path / METRICS).read_text()
+    (tmp_path / METRICS).write_text(whole[:-10])  # a process stopped while writing the last record
+    run = RunDir(tmp_path)
+    run.keep_metrics(lambda record: True)  # as a resumed run does
+    assert "ends in a line that is not a whole record" in capsys.readouterr().err
+    assert [record["step"] for record in run.read_metrics()] == [0, 1]
+    assert (tmp_path / METRICS).read_text().endswith("}\n")  # the next record starts a line of its own
+
+    lines = whole.splitlines()
+    (tmp_path / METRICS).write_text("\n".join([lines[0], lines[1][:-10], lines[2]]) + "\n")
+    with pytest.raises(RunDirError, match=f"{METRICS} line 2 is not a JSON record"):
+        run.read_metrics()
+
+
+def test_a_damaged_config_is_named_as_damaged_not_as_another_config(tmp_path):
+    RunDir.create(tmp_path, CONFIG_DICT)
+    (tmp_path / CONFIG).write_text((tmp_path / CONFIG).read_text()[:20])
+    with pytest.raises(RunDirError, match=f"{CONFIG} is damaged"):
+        RunDir.create(tmp_path, CONFIG_DICT)
