@@ -9,7 +9,10 @@ models whose template has none (SmolLM2's; see `prompts.tools_text`). The parser
     arguments as a JSON-encoded string (OpenAI's wire form), Python-literal syntax (single quotes),
   - a message that is nothing but such an object (optionally fenced), without the tags.
 A `<tool_call>` block that still cannot be read is a parse failure: counted, with its reason, and
-left out of the calls. The message's `content` is its text outside all tool-call blocks.
+left out of the calls. So is a call whose name or arguments hold a string that is not UTF-8 text (a
+JSON escape such as `\\ud800` decodes to a lone surrogate, which tokenizers reject), and an untagged
+object with a "name" key that is no call (its text stays the content). The message's `content` is its
+text outside all tool-call blocks.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def loads_object(text: str) -> dict[str, Any] | None:
         return None
     try:
         value, _ = json.JSONDecoder().raw_decode(text, start)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # besides bad JSON: an integer over 4300 digits, deep nesting
         value = _python_literal(text[start:text.rfind("}") + 1])
     return value if isinstance(value, dict) else None
 
@@ -66,17 +69,38 @@ def _call(obj: dict[str, Any] | None, requestor: str, call_id: str) -> tuple[Too
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return None, "no tool name"
+    if not _utf8(name):
+        return None, "the tool name is not UTF-8 text"
     arguments = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return None, f"the arguments of {name} are a string that is not JSON"
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
         return None, f"the arguments of {name} are not an object"
+    if not _utf8(arguments):
+        return None, f"the arguments of {name} hold a string that is not UTF-8 text"
     return ToolCall(name, arguments, id=call_id, requestor=requestor), ""
+
+
+def _utf8(value: Any) -> bool:
+    """Whether every string in `value` (nested keys and items included) encodes as UTF-8."""
+    pending = [value]  # a loop, not recursion: parsed values may nest about as deep as the stack allows
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(item, dict):
+            pending.extend(item.items())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            pending.extend(item)
+    return True
 
 
 def parse_tool_calls(text: str, next_id: Callable[[], str], requestor: str = ASSISTANT) -> ParsedMessage:
@@ -95,9 +119,11 @@ def parse_tool_calls(text: str, next_id: Callable[[], str], requestor: str = ASS
         whole = _FENCE.match(text)
         body = (whole.group(1) if whole else text).strip()
         obj = loads_object(body) if body.startswith("{") and body.endswith("}") else None
-        call, _ = _call(obj, requestor, "") if obj is not None and "name" in obj else (None, "")
+        call, why = _call(obj, requestor, "") if obj is not None and "name" in obj else (None, "")
         if call is not None:
             calls.append(dataclasses.replace(call, id=next_id()))
+        elif why:
+            failures.append(why)
         content = "" if call is not None else text.strip()
     return ParsedMessage(content or None, tuple(calls), tuple(failures))
 

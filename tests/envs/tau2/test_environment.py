@@ -86,6 +86,24 @@ def test_unreadable_call_next_to_text_is_counted_and_the_text_goes_to_the_user(r
     assert episode.messages[2].visible_to == (AGENT, SIM)
 
 
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"name": "get_order_details", "arguments": {"order_id": ' + "1" * 4400 + "}}</tool_call>",
+    '<tool_call>{"name": "get_order_details", "arguments": ' + "[" * 3000 + "]" * 3000 + "}</tool_call>",
+    '<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>',
+    '{"name": "get_order_details", "arguments": "order #W4862767"}'],
+    ids=["huge_int", "deep", "surrogate", "untagged"])
+def test_unusable_agent_calls_are_counted_parse_failures(retail_env, text):
+    episode = play(retail_env, task(retail_env, "10"), lines(text, "Done."), lines("hi", "###STOP###"))
+    assert episode.rewards["parse_failures"] == 1.0 and episode.rewards["tool_calls"] == 0.0
+    assert all(m.text.encode("utf-8") for m in episode.messages)  # no lone surrogate for a tokenizer
+
+
+def test_unreadable_user_call_is_a_counted_parse_failure(mock_env):
+    call = '<tool_call>{"name": "check_notifications", "arguments": {"x": ' + "1" * 4400 + "}}</tool_call>"
+    episode = play(mock_env, task(mock_env, "update_task_with_user_tools"), lines("Hello."), lines(call))
+    assert episode.end_reason == "user_error" and episode.rewards["parse_failures"] == 1.0
+
+
 def test_empty_user_message_is_a_user_error(retail_env):
     episode = play(retail_env, task(retail_env), lines("Hello."), lines("  "))
     assert episode.end_reason == "user_error" and episode.rewards["agent"] == 0.0

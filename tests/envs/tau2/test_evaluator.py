@@ -93,7 +93,8 @@ def test_judge_verdicts():
     reply = '{"results": [{"metExpectation": true}, {"metExpectation": false}]}'
     assert parse_verdicts(reply) == [True, False]
     assert parse_verdicts('Here: {"results": []} done') == []  # an empty list passes (all of none)
-    for reply in ("no json", '{"result": []}', '{"results": [{"metExpectation": "yes"}]}'):
+    huge = '{"results": [{"metExpectation": true, "n": ' + "1" * 4400 + "}]}"  # json.loads: ValueError
+    for reply in ("no json", '{"result": []}', '{"results": [{"metExpectation": "yes"}]}', huge):
         with pytest.raises(JudgeError):
             parse_verdicts(reply)
 

@@ -52,6 +52,22 @@ CASES = [
     ('<tool_call>{"name": "f", "arguments": "nope"}</tool_call>', [], None, 1),
     ('Sure. <tool_call>broken</tool_call> <tool_call>{"name": "a", "arguments": {}}</tool_call>',
      [{"name": "a", "arguments": {}}], "Sure.", 1),
+    # what json.loads rejects with ValueError (an integer of over 4300 digits) or RecursionError
+    ('<tool_call>{"name": "f", "arguments": {"a": ' + "9" * 5000 + "}}</tool_call>", [], None, 1),
+    ('<tool_call>{"name": "f", "arguments": "{\\"a\\": ' + "9" * 5000 + '}"}</tool_call>', [], None, 1),
+    ('<tool_call>{"name": "f", "arguments": ' + "[" * 3000 + "]" * 3000 + "}</tool_call>", [], None, 1),
+    # a JSON escape of a lone surrogate is no text a tokenizer can encode
+    ('<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>', [], None, 1),
+    ('<tool_call>{"name": "f", "arguments": {"a": ["\\udfff"]}}</tool_call>', [], None, 1),
+    ("<tool_call>{'name': 'f', 'arguments': {'\\ud800': 1}}</tool_call>", [], None, 1),
+    ('<tool_call>{"name": "f", "arguments": {"a": "\\ud83d\\ude00"}}</tool_call>',
+     [{"name": "f", "arguments": {"a": "\U0001f600"}}], None, 0),  # a surrogate pair is one character
+    # an untagged object with a name that is no call: counted, and its text stays the content
+    ('{"name": "get_order_details", "arguments": "order #W1"}', [],
+     '{"name": "get_order_details", "arguments": "order #W1"}', 1),
+    ('{"name": "get_order_details", "arguments": [1]}', [],
+     '{"name": "get_order_details", "arguments": [1]}', 1),
+    ('{"name": "", "arguments": {}}', [], '{"name": "", "arguments": {}}', 1),
 ]
 
 
