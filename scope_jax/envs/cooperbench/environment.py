@@ -11,7 +11,8 @@ itself private (`message.visible_to = (speaker,)`): neither agent sees the other
 `send_message` is the one channel between them: its text is appended as an ENV message visible to the
 partner, "[Message from your partner]: ..." (a forged prefix in the text is defused), and each agent has
 its own sent text in its turn, so the messages are in both views. Unreadable calls and refused calls are
-answered with an error and counted.
+answered with an error and counted. Answers and delivered messages are strict UTF-8 text: a lone surrogate
+(which a JSON escape such as "\\ud800" makes) becomes "?", so the next prompt can be tokenized.
 
 Who speaks next (`TurnResult.next_speaker`): the other seat while it still works, else the same seat. A
 seat stops working when it calls finish or has used `max_turns` turns; the episode ends when no seat
@@ -23,8 +24,8 @@ hidden tests on the merge. Both roles get 1 when all the episode's features pass
 `partial_credit` they get the fraction that passes instead. Logged with them (floats, averaged by the
 loop): success, partial, feature_a_pass / feature_b_pass (seat 1's / seat 2's feature), naive_conflict
 (the plain merge had conflicts), merge_failed (conflicts left unresolved), git_error (a seat's changes
-could not be read by git, e.g. a nested repository it wrote: scored 0, counted in `git_errors`, logged
-in one line), conflict_hunks, messages_sent,
+could not be read by git, e.g. a nested repository it wrote or a file name that is not UTF-8: scored 0,
+counted in `git_errors`, logged in one line), conflict_hunks, messages_sent,
 tool_errors, idle_turns, finished (share of seats that called finish), steps. The full record (merge,
 each feature's test result, each seat's stripped patch, error counts) is episode.info["cooperbench"].
 
@@ -290,7 +291,7 @@ class CooperBenchEnv:
             return [self._result(role, f"error: {e}")]
 
     def _result(self, role: str, text: str) -> Message:
-        return Message(ENV, clip(text, self.max_observation_chars), visible_to=(role,))
+        return Message(ENV, clip(_surrogates_replaced(text), self.max_observation_chars), visible_to=(role,))
 
     def _send(self, session: dict[str, Seat], role: str, text: str) -> list[Message]:
         seat = session[role]
@@ -300,7 +301,7 @@ class CooperBenchEnv:
             raise ToolError(f"you have sent the most messages allowed ({self.max_messages})")
         seat.messages_sent += 1
         partner = next(r for r in self.roles if r != role)
-        delivered = MESSAGE_PREFIX + text.replace("[Message from", "(Message from")
+        delivered = MESSAGE_PREFIX + _surrogates_replaced(text).replace("[Message from", "(Message from")
         return [self._result(role, "message sent"), Message(ENV, delivered, visible_to=(partner,))]
 
     def _visible_tests(self, task: Task, seat: Seat) -> str:
@@ -339,3 +340,8 @@ class CooperBenchEnv:
                 "idle_turns": total("idle_turns"),
                 "finished": float(np.mean([seat.finished for seat in seats])) if seats else 0.0,
                 "steps": total("steps")}
+
+
+def _surrogates_replaced(text: str) -> str:
+    """`text` with each lone surrogate (from a JSON escape) as "?": the tokenizer encodes strictly."""
+    return text.encode("utf-8", "replace").decode()

@@ -97,7 +97,8 @@ class Report:
 
 def parse_report(data: bytes | None) -> Report | None:
     """The outcome of each test item (passed, failed, error, skipped, xfailed, xpassed) from the report
-    plugin's lines; None when there is no report or a line is not one of the plugin's."""
+    plugin's lines; None when there is no report or a line is not one of the plugin's (the process under test
+    can write any bytes there: whatever they are, they give None, never an exception)."""
     if data is None:
         return None
     outcomes, finished = {}, False
@@ -117,7 +118,8 @@ def parse_report(data: bytes | None) -> Report | None:
                                     "xpassed" if xfail else "passed")
             elif when == "teardown" and outcome == "failed":
                 outcomes[nodeid] = "error"
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+    # ValueError: bad UTF-8, bad JSON, or an integer too long to read; RecursionError: nesting too deep
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
         return None
     return Report(outcomes, finished)
 

@@ -43,8 +43,12 @@ def git(cwd: str | pathlib.Path, *args: str, input: bytes | None = None,
 
 
 def _status_pairs(name_status: bytes) -> list[tuple[str, str]]:
-    """(status letter, path) from `git diff --name-status -z --no-renames` output."""
-    fields = name_status.decode().split("\0")[:-1]
+    """(status letter, path) from `git diff --name-status -z --no-renames` output; GitError where a path is
+    not UTF-8 (a file named past the tools)."""
+    try:
+        fields = name_status.decode().split("\0")[:-1]
+    except UnicodeDecodeError as e:
+        raise GitError(f"git diff --name-status: a path is not UTF-8 ({e})") from None
     return list(zip(fields[0::2], fields[1::2]))
 
 

@@ -6,12 +6,16 @@ The parser is tolerant of the forms models produce: prose or a ```json fence aro
 <tool_call>...</tool_call> wrapper, the function-call shape {"name": ..., "arguments": {...}} (arguments
 also as a JSON string), arguments nested under "args", trailing commas. Long text may follow the object
 in fenced code blocks instead of JSON strings: write_file takes its `content` from the first block, replace
-takes `old` and `new` from the first two. A turn it cannot read raises ToolCallError with a `kind`
-("no_call", "bad_json", "unknown_tool", "bad_arguments") for the caller to count.
+takes `old` and `new` from the first two. A whole number may also be given as a string of at most 18
+ASCII digits, with an optional minus sign. A turn it cannot read raises ToolCallError with a `kind`
+("no_call", "bad_json", "unknown_tool", "bad_arguments") for the caller to count; JSON that Python's
+decoder refuses for size (an integer of thousands of digits, thousands of nested brackets) is "bad_json".
 
 `Worktree` runs the file tools; a path that is absolute, climbs out with "..", passes through a symlink,
-or passes through a .git folder (at any depth) is refused, as are binary files and files or contents above `max_file_bytes`. A
-refused call raises ToolError, whose message becomes the call's error result.
+or passes through a .git folder (at any depth) is refused, as is one with a NUL or a character that is not
+UTF-8 text (a lone surrogate: it would name a file git cannot report), and so are binary files, contents
+that are not UTF-8 text and files or contents above `max_file_bytes`. A refused call raises ToolError,
+whose message becomes the call's error result.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 FENCED_BLOCK = re.compile(r"```[\w+-]*[^\S\n]*\n(.*?)```", re.DOTALL)
 TOOL_CALL_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 TRAILING_COMMA = re.compile(r",\s*([}\]])")
+INTEGER = re.compile(r"-?[0-9]{1,18}")  # what a whole number given as a string may be (after strip)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +122,7 @@ def _call_object(text: str) -> tuple[dict, int]:
     for _, end, span in _objects(text):
         try:
             obj = _decode(span)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # ValueError: JSONDecodeError, or an integer too long to read
             undecodable = True
             continue
         if isinstance(obj, dict) and isinstance(obj.get("tool", obj.get("name")), str):
@@ -135,7 +140,7 @@ def _arguments(obj: dict) -> dict:
             if isinstance(args, str):
                 try:
                     args = json.loads(args)
-                except json.JSONDecodeError:
+                except (ValueError, RecursionError):
                     raise ToolCallError("bad_json", f"the tool call's {key} are not valid JSON") from None
             if not isinstance(args, dict):
                 raise ToolCallError("bad_arguments", f"the tool call's {key} must be an object")
@@ -162,7 +167,7 @@ def parse_call(text: str) -> ToolCall:
         raise ToolCallError("bad_arguments", f"{spec.signature()}: {problem}")
     for key, value in args.items():
         wanted = int if key in spec.integers else str
-        if wanted is int and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        if wanted is int and isinstance(value, str) and INTEGER.fullmatch(value.strip()):
             args[key] = value = int(value)
         if not isinstance(value, wanted) or isinstance(value, bool):
             raise ToolCallError("bad_arguments", f"{spec.signature()}: {key} must be a "
@@ -188,6 +193,12 @@ class Worktree:
 
     def resolve(self, path: str) -> pathlib.Path:
         """The file `path` names, if it stays inside the worktree (see the module docstring)."""
+        try:  # strictly: a lone surrogate (JSON's "\\udcff") would name a file git reports as bytes not UTF-8
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ToolError(f"path {path!r} is not a file name: it holds a lone surrogate") from None
+        if "\0" in path:
+            raise ToolError(f"path {path!r} is not a file name: it holds a NUL")
         parts = pathlib.PurePosixPath(path.strip()).parts
         if not parts or path.strip() in (".", "./"):
             return self.root
@@ -249,7 +260,10 @@ class Worktree:
 
     def write_file(self, path: str, content: str) -> str:
         file = self.resolve(path)
-        data = content.encode("utf-8")
+        try:
+            data = content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ToolError("the content is not UTF-8 text: it holds a lone surrogate") from None
         if len(data) > self.max_file_bytes:
             raise ToolError(f"content of {len(data)} bytes is larger than {self.max_file_bytes} bytes")
         if file == self.root or file.is_dir():

@@ -69,7 +69,7 @@ def _call(obj: dict[str, Any] | None, requestor: str, call_id: str) -> tuple[Too
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return None, "no tool name"
-    if not _utf8(name):
+    if not _all_utf8(name):
         return None, "the tool name is not UTF-8 text"
     arguments = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(arguments, str):
@@ -81,12 +81,12 @@ def _call(obj: dict[str, Any] | None, requestor: str, call_id: str) -> tuple[Too
         arguments = {}
     if not isinstance(arguments, dict):
         return None, f"the arguments of {name} are not an object"
-    if not _utf8(arguments):
+    if not _all_utf8(arguments):
         return None, f"the arguments of {name} hold a string that is not UTF-8 text"
     return ToolCall(name, arguments, id=call_id, requestor=requestor), ""
 
 
-def _utf8(value: Any) -> bool:
+def _all_utf8(value: Any) -> bool:
     """Whether every string in `value` (nested keys and items included) encodes as UTF-8."""
     pending = [value]  # a loop, not recursion: parsed values may nest about as deep as the stack allows
     while pending:

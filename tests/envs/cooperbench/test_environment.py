@@ -1,5 +1,8 @@
 """The environment: gold and empty agents through its methods, views, scheduling, tool errors, modes."""
 
+import os
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -131,6 +134,33 @@ def test_tool_errors_are_answered_and_counted():
         assert seat.messages_sent == 1
     finally:
         env.close()
+
+
+def test_a_file_name_that_is_not_utf8_written_past_the_tools_is_counted_and_scores_zero(env):
+    episode = Episode(_pair(env), 0)
+    _turn(env, episode, AGENT, format_call("list_files"))  # makes the seats' worktrees
+    worktree = episode.info["cooperbench_session"][AGENT].worktree
+    pathlib.Path(os.fsdecode(os.fsencode(worktree) + b"/\xff.py")).write_text("x = 1\n")
+    answer = _turn(env, episode, AGENT, format_call("run_tests")).messages[0].text
+    assert answer.startswith("error: ") and "not UTF-8" in answer
+    assert episode.info["cooperbench_session"][AGENT].errors == {"refused": 1}
+    before = env.git_errors
+    rewards = env.rewards(episode)
+    assert (rewards[AGENT], rewards["git_error"], env.git_errors) == (0.0, 1.0, before + 1)
+    assert not worktree.exists()
+
+
+def test_no_answer_or_message_carries_a_lone_surrogate(env):
+    episode = Episode(_pair(env), 0)  # JSON escapes make lone surrogates, which the tokenizer cannot encode
+    calls = [format_call("send_message", text="hi \ud800"), format_call("finish", **{"\udcff": 1}),
+             format_call("write_file", path="\udcff.py", content="x"),
+             format_call("write_file", path="x.py", content="\ud800")]
+    answers = [_turn(env, episode, AGENT, call).messages[0].text for call in calls]
+    assert answers[0] == "message sent" and all(a.startswith("error: ") for a in answers[1:]), answers
+    assert episode.info["cooperbench_session"][AGENT].errors == {"bad_arguments": 1, "refused": 2}
+    assert "[Message from your partner]: hi ?" in _view(episode, SIM)
+    for message in episode.messages:
+        message.text.encode("utf-8")
 
 
 def test_messaging_can_be_switched_off():

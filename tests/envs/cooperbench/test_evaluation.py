@@ -30,6 +30,8 @@ REPORTS = [  # (the plugin's lines, each item's outcome), written by hand from p
      Report({"a": "xfailed", "b": "xpassed", "t.py": "error"}, True)),
     (_lines(_phase("a", "setup", "passed")), Report({"a": "error"}, False)),  # it never got to its call
     (b"2 passed in 0.01s\n", None),  # not the plugin's
+    (b'{"finished": ' + b"9" * 5000 + b"}\n", None),  # json.loads raises ValueError, not JSONDecodeError
+    (b"[" * 100_000 + b"]" * 100_000 + b"\n", None),  # ... and RecursionError
     (b"", Report({}, False)),
     (None, None),
 ]

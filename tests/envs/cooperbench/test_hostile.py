@@ -134,6 +134,9 @@ PROBES = {
         os.write(fd, b'{"finished": 0}\\n')
         os._exit(0)
     """, check="tampered"),
+    "a report line json.loads cannot read (a 5000-digit integer)": Probe("""
+        os.write(int(os.environ["COOPERBENCH_REPORT_FD"]), b'{"finished": ' + b"9" * 5000 + b"}\\n")
+    """, implements=True, check="reason no complete test report"),
     "a fake summary at import, then os._exit(0)": Probe(FIND_PIPE + """
         for fd in pipe_fds():
             os.write(fd, b"tests/test_core.py::test_shout PASSED\\n2 passed in 0.01s\\n")

@@ -23,6 +23,8 @@ PARSED = [  # (turn text, the call it holds)
     ('{"tool": "replace", "path": "p.py"}\n```\nold line\n```\n```\nnew line\n```',
      ToolCall("replace", {"path": "p.py", "old": "old line\n", "new": "new line\n"})),
     ('{"tool": "finish"} and then {"tool": "run_tests"}', ToolCall("finish", {})),
+    ('{"tool": "read_file", "path": "a.py", "start": "-2", "end": " 7 "}',
+     ToolCall("read_file", {"path": "a.py", "start": -2, "end": 7})),
 ]
 
 
@@ -44,6 +46,21 @@ FAILURES = [  # (turn text, failure kind)
     ('{"tool": "read_file", "path": "a.py", "start": true}', "bad_arguments"),
     ('{"tool": "read_file", "path": "a.py", "start": "three"}', "bad_arguments"),
     ('{"tool": "read_file", "args": ["a.py"]}', "bad_arguments"),
+    # json.loads and int() raise ValueError or RecursionError on these, not JSONDecodeError
+    pytest.param('{"tool": "read_file", "path": "a.py", "start": ' + "9" * 5000 + "}", "bad_json",
+                 id="a 5000-digit integer"),
+    pytest.param('{"tool": "read_file", "path": ' + "[" * 100_000 + "]" * 100_000 + "}", "bad_json",
+                 id="deep nesting"),
+    pytest.param('{"tool": "read_file", "arguments": "' + "[" * 100_000 + "]" * 100_000 + '"}', "bad_json",
+                 id="deep nesting in the arguments string"),
+    pytest.param('{"tool": "read_file", "path": "a.py", "start": "' + "9" * 5000 + '"}', "bad_arguments",
+                 id="a 5000-digit string"),
+    pytest.param('{"tool": "read_file", "path": "a.py", "start": "\\u00b2"}', "bad_arguments",
+                 id="a superscript digit"),
+    pytest.param('{"tool": "read_file", "path": "a.py", "start": "\\u0661\\u0662"}', "bad_arguments",
+                 id="arabic-indic digits"),
+    pytest.param('{"tool": "read_file", "path": "a.py", "start": "--3"}', "bad_arguments",
+                 id="two minus signs"),
 ]
 
 
@@ -83,6 +100,11 @@ REFUSED = [  # (call on the tree, what the refusal says)
     (lambda t: t.read_file("pkg/core.py", 9, 10), "not a range"),
     (lambda t: t.replace("pkg/core.py", "line", "LINE"), "occurs 7 times"),
     (lambda t: t.replace("pkg/core.py", "absent", "x"), "occurs 0 times"),
+    (lambda t: t.write_file("pkg/a\0b.py", "x"), "is not a file name"),
+    (lambda t: t.write_file("pkg/\udcff.py", "x"), "is not a file name"),  # would be written as byte 0xff
+    (lambda t: t.read_file("pkg/\ud800"), "is not a file name"),
+    (lambda t: t.write_file("pkg/new.py", "\ud800"), "not UTF-8"),
+    (lambda t: t.replace("pkg/core.py", "line 1\n", "\udcff"), "not UTF-8"),
 ]
 
 
