@@ -2,12 +2,16 @@
 
 Every experiment declares `default_config()`; a config file starts from it and changes values. Anything
 else (a misspelt key in a file or on the command line, a string where a number belongs) stops the run
-before any work, with one line that names the key.
+before any work, with one line that names the key. A job's `check` states what its values must be as
+data (`require` with `Rule`s: a count of at least 1, a finite rate, a fraction, a name from a list), so
+that a nonsensical value is refused the same way.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import math
+from typing import Any, Callable, Iterable, Mapping
 
 import ml_collections
 
@@ -50,3 +54,37 @@ def validate(config: ml_collections.ConfigDict, schema: ml_collections.ConfigDic
         elif isinstance(value, ml_collections.ConfigDict) or not _compatible(value, default):
             raise ConfigError(f"config key '{name}' must be of type {_type_name(default)}, "
                               f"got {type(value).__name__} {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """What a config value must be: `holds(value)`, said as `what` ("at least 1")."""
+
+    holds: Callable[[Any], bool]
+    what: str
+
+
+def at_least(bound: float) -> Rule:
+    """A number >= bound (NaN never is)."""
+    return Rule(lambda value: value >= bound, f"at least {bound}")
+
+
+def one_of(names: Iterable[str]) -> Rule:
+    names = tuple(names)
+    return Rule(lambda value: value in names, f"one of {', '.join(map(repr, names))}")
+
+
+FINITE_AT_LEAST_0 = Rule(lambda value: math.isfinite(value) and value >= 0, "finite and at least 0")
+FINITE_POSITIVE = Rule(lambda value: math.isfinite(value) and value > 0, "finite and positive")
+FRACTION = Rule(lambda value: 0 <= value < 1, "in [0, 1)")
+PROBABILITY = Rule(lambda value: 0 < value <= 1, "in (0, 1]")
+
+
+def require(config: ml_collections.ConfigDict, rules: Mapping[str, Rule]) -> None:
+    """Raise ConfigError naming the first dotted key of `rules` whose value in `config` breaks its rule."""
+    for key, rule in rules.items():
+        value = config
+        for part in key.split("."):
+            value = value[part]
+        if not rule.holds(value):
+            raise ConfigError(f"config key '{key}' is {value!r}; it must be {rule.what}")

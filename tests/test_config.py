@@ -2,6 +2,7 @@
 
 import contextlib
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -11,7 +12,8 @@ from absl import flags
 
 from experiments import run as runner
 from experiments.run import prepare
-from scope_jax.config import ConfigError, validate
+from scope_jax.config import (FINITE_AT_LEAST_0, FINITE_POSITIVE, FRACTION, PROBABILITY, ConfigError, at_least,
+                              one_of, require, validate)
 from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import SIM, Message
 from scope_jax.envs.target_word import TargetWordEnv
@@ -57,6 +59,25 @@ def test_compatible_values_pass():
     config.sizes = [3]
     config.maybe = "anything"
     validate(config, schema())
+
+
+@pytest.mark.parametrize("value, rule, refused", [
+    (1, at_least(1), False), (0, at_least(1), True), (float("nan"), at_least(1), True),
+    (0.0, FINITE_AT_LEAST_0, False), (-1e-9, FINITE_AT_LEAST_0, True),
+    (float("inf"), FINITE_AT_LEAST_0, True),
+    (1e-9, FINITE_POSITIVE, False), (0.0, FINITE_POSITIVE, True), (float("nan"), FINITE_POSITIVE, True),
+    (0.0, FRACTION, False), (1.0, FRACTION, True), (float("nan"), FRACTION, True),
+    (1.0, PROBABILITY, False), (0.0, PROBABILITY, True), ("sgd", one_of(["adamw", "sgd"]), False),
+    ("adam", one_of(["adamw", "sgd"]), True),
+])
+def test_a_rule_refuses_exactly_the_values_outside_it(value, rule, refused):
+    config = ml_collections.ConfigDict({"train": {"value": value}})
+    if not refused:
+        require(config, {"train.value": rule})
+        return
+    expected = f"^config key 'train.value' is .*; it must be {re.escape(rule.what)}$"
+    with pytest.raises(ConfigError, match=expected):
+        require(config, {"train.value": rule})
 
 
 def test_unknown_experiment_is_refused():
