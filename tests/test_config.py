@@ -12,8 +12,8 @@ from absl import flags
 
 from experiments import run as runner
 from experiments.run import prepare
-from scope_jax.config import (FINITE_AT_LEAST_0, FINITE_POSITIVE, FRACTION, PROBABILITY, ConfigError, at_least,
-                              one_of, require, validate)
+from scope_jax.config import (FINITE_AT_LEAST_0, FINITE_POSITIVE, FRACTION, PROBABILITY, ConfigError,
+                              at_least, one_of, require, validate)
 from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import SIM, Message
 from scope_jax.envs.target_word import TargetWordEnv
