@@ -16,6 +16,7 @@ every process at once: process 0 prints its one line, and the launcher adds none
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import socket
@@ -100,12 +101,17 @@ def stop(children: list[subprocess.Popen], grace: float) -> None:
             child.wait()
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    def error(self, message: str):
+        sys.exit(f"error: {message}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
         sys.exit("error: usage: python -m experiments.launch_local --processes N [--devices K] -- RUN_ARGS")
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m experiments.launch_local")
+    parser = _OneLineErrors(prog="python -m experiments.launch_local")
     parser.add_argument("--processes", type=int, required=True, help="processes to start")
     parser.add_argument("--devices", type=int, default=1, help="host (CPU) devices per process")
     parser.add_argument("--grace", type=float, default=10.0,
@@ -114,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv[:split])
     if options.processes < 1 or options.devices < 1:
         sys.exit("error: --processes and --devices must be at least 1")
+    if not 0 <= options.grace < math.inf:
+        sys.exit(f"error: --grace is {options.grace}; it must be a finite number of seconds, at least 0")
     return launch(options.processes, options.devices, argv[split + 1:], options.grace, options.module)
 
 

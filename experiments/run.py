@@ -90,13 +90,17 @@ def _config_spec() -> str:
 
 
 def _unknown_override(argv: list[str]) -> str | None:
-    """The first --config.KEY=VALUE in argv whose KEY the config file does not define, if any."""
+    """The first --config.KEY=VALUE in argv whose KEY the config file does not define, if any (None also
+    where the config file itself fails)."""
     spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
     if spec is None:
         return None
     path, _, arg = spec.partition(":")
-    module = runpy.run_path(path)
-    config = module["get_config"](arg) if arg else module["get_config"]()
+    try:
+        module = runpy.run_path(path)
+        config = module["get_config"](arg) if arg else module["get_config"]()
+    except Exception:  # the config file's own error, which the caller reports
+        return None
     for a in argv:
         if a.startswith("--config."):
             key = a[len("--config."):].split("=", 1)[0]
@@ -127,7 +131,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         argv = flags.FLAGS(argv)
     except flags.Error as e:
         sys.exit(f"error: {_last_line(e)}")
-    except (AttributeError, KeyError, ValueError, TypeError) as e:
+    except Exception as e:  # an override the config does not take, or a config file that fails to load
         key = _unknown_override(argv)
         sys.exit(f"error: unknown config key '{key}'" if key else f"error: {_last_line(e)}")
     return argv

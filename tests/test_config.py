@@ -154,6 +154,19 @@ def test_a_users_mistake_is_one_line(tmp_path, monkeypatch, args, expected):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("body, expected", [
+    ('def get_config():\n    raise RuntimeError("no such sweep")\n', "error: no such sweep"),
+    ("settings = {}\n", "error: module 'config_config' has no attribute 'get_config'"),
+], ids=["raises", "no get_config"])
+def test_a_config_file_that_fails_to_load_is_one_line(tmp_path, monkeypatch, body, expected):
+    # ml_collections loads every config file as the module config_config, into an old one if it exists
+    monkeypatch.delitem(sys.modules, "config_config", raising=False)
+    config = tmp_path / "broken.py"
+    config.write_text(body)
+    message = cli(monkeypatch, f"--config={config}", f"--workdir={tmp_path / 'run'}")
+    assert message == expected
+
+
 def test_a_run_stopped_on_purpose_is_one_line(tmp_path, monkeypatch):
     """TrainingStopped (too many non-finite steps) ends the command with its one-line message."""
     monkeypatch.setattr(train, "rl_step", lambda setup, state, step: (state, {"skipped": 1.0}, []))

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from experiments import run
+from experiments import launch_local, run
 from experiments.launch_local import with_host_devices
 from scope_jax.distributed import Shards
 from tests.training.distributed_error import MESSAGE
@@ -137,6 +137,17 @@ def test_a_process_that_meets_an_error_alone_says_it_and_the_job_ends(error):
     assert job.returncode == 1
     said = f"error: process 1 of 2: {MESSAGE}" if error == "user" else f"RuntimeError: {MESSAGE}"
     assert said in err.splitlines(), err
+
+
+@pytest.mark.parametrize("options, expected", [
+    (["--processes=abc"], "argument --processes: invalid int value: 'abc'"),
+    (["--processes=2", "--grace=nan"], "--grace is nan; it must be a finite number of seconds, at least 0"),
+    (["--processes=2", "--grace=-1"], "--grace is -1.0; it must be a finite number of seconds, at least 0"),
+])
+def test_the_launcher_refuses_bad_options_in_one_line(options, expected):
+    with pytest.raises(SystemExit) as stopped:
+        launch_local.main([*options, "--", "--config=experiments/configs/target_word.py"])
+    assert stopped.value.code == f"error: {expected}"
 
 
 def test_the_launcher_names_a_killed_process_even_after_another_failed_first():
