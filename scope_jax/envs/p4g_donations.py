@@ -1,7 +1,8 @@
 """Donations stated in a P4G persuadee's text: what a careful reader would take as its donation, in dollars.
 
 Three outcomes: an amount (a statement of this person's donation, $0 to MAX_DONATION), UNREADABLE (a
-statement of a donation whose amount cannot be taken as one: above MAX_DONATION, or only an example,
+statement of a donation whose amount cannot be taken as one: above MAX_DONATION, below $0 ("-$1",
+"$-1", "minus one dollar", "negative 50 cents"), in scientific notation ("$1e5"), or only an example,
 "I'd give, say, $1"), and None (no statement of a donation). UNREADABLE is NaN, so that statistics over
 donations can leave it out.
 
@@ -33,7 +34,12 @@ _SENTENCE = re.compile(r"[!?;\n]|\.(?!\d)")
 _CLAUSE = re.compile(r"(?<!\d),|,(?!\d{3})|\b(?:but|because|since|although|though|however|whereas|so|if|"
                      r"unless|while|when|after|before)\b")
 _NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+"
-_TOKEN = re.compile(rf"{_NUMBER}|[a-z]+(?:'[a-z]+)?|[$¢]")
+_EXPONENT = rf"(?:{_NUMBER})e[+-]?\d+"
+# a minus sign: "-" or U+2212 right before "$" or a number, not after a word or a dash ("$0.50-$1",
+# "covid-19", "donate--$1", "$1 - that's it")
+_MINUS_SIGN = r"(?<![a-z\d-])[-\u2212](?=\$|\.?\d)"
+_TOKEN = re.compile(rf"{_EXPONENT}|{_NUMBER}|[a-z]+(?:'[a-z]+)?|[$¢]|{_MINUS_SIGN}")
+_MINUS = {"-", "\u2212", "minus", "negative"}
 _VERB = re.compile(r"donat(?:e|es|ed|ing|ion|ions)|giv(?:e|es|ing|en)|gave|contribut(?:e|es|ed|ing|ion)|"
                    r"pledg(?:e|es|ed|ing)|offer(?:s|ed|ing)?|spare|spared|sparing")
 _VERB_PHRASES = (("chip", "in"), ("chipping", "in"), ("count", "me", "in", "for"),
@@ -179,7 +185,10 @@ def _of_something_else(lead: list[str]) -> bool:
 
 
 def _amount(words: list[str], i: int) -> tuple[float, int] | None:
-    """(dollars, words used) of the amount starting at words[i], or None."""
+    """(dollars, words used) of the amount starting at words[i], or None (UNREADABLE below $0)."""
+    if words[i] in _MINUS:
+        amount = _amount(words, i + 1) if i + 1 < len(words) else None
+        return None if amount is None else (UNREADABLE, amount[1] + 1)
     if words[i] in _ZERO:
         return 0.0, 1
     if words[i] == "$":
@@ -211,10 +220,16 @@ def _add_cents(words: list[str], i: int, dollars: float, used: int) -> tuple[flo
 
 def _number_at(words: list[str], i: int, article: bool = False) -> tuple[float, int] | None:
     """(value, words used) of a number at words[i]: digits, or number words up to 99 ("twenty five");
-    with `article`, "a" / "an" before "dollar" / "buck" read as one."""
+    with `article`, "a" / "an" before "dollar" / "buck" read as one; UNREADABLE below 0 ("$-1") or in
+    scientific notation."""
     if i >= len(words):
         return None
     word = words[i]
+    if word in _MINUS:
+        number = _number_at(words, i + 1)
+        return None if number is None else (UNREADABLE, number[1] + 1)
+    if re.fullmatch(_EXPONENT, word):
+        return UNREADABLE, 1
     if re.fullmatch(_NUMBER, word):
         return float(word.replace(",", "")), 1
     if article and word in ("a", "an") and words[i + 1:i + 2] in (["dollar"], ["buck"]):

@@ -59,6 +59,20 @@ STATEMENTS = [
     ("I'll donate $5", UNREADABLE),
     ("I'll donate 1,000 dollars", UNREADABLE),
     ("I will donate $1. Actually, make it $5.", UNREADABLE),
+    # below $0, or in scientific notation: not an amount that can be its donation either
+    ("I'll donate -$1.", UNREADABLE),
+    ("I'll donate $-1.", UNREADABLE),
+    ("I'll donate -1 dollars.", UNREADABLE),
+    ("I'll donate \u2212$0.50.", UNREADABLE),
+    ("I will give minus one dollar", UNREADABLE),
+    ("I can give negative 50 cents.", UNREADABLE),
+    ("I'll donate $1e5", UNREADABLE),
+    ("I'll donate $1.5E-1.", UNREADABLE),
+    # dashes and hyphens that are no minus sign
+    ("I'll give $1 - that's it.", 1.0),
+    ("I'll donate--$1.", 1.0),
+    ("It's tax-deductible, so I'll donate $1.50.", 1.5),
+    ("I'll donate $1 to the covid-19 fund.", 1.0),
     # only an example of an amount
     ("I'd give, say, $1", UNREADABLE),
     # the last statement wins
@@ -122,6 +136,9 @@ ANSWERS = [
     ("$0.25 is the amount, not $2.", 0.25),
     ("That's 25 cents. I'll send it to them.", 0.25),
     ("$2.50 to $5.00.", None),
+    ("$0.50-$1", None),
+    ("-$1", UNREADABLE),
+    ("$1e0", UNREADABLE),
     ("$5", UNREADABLE),
     ("I'm not sure.", None),
 ]
