@@ -74,6 +74,7 @@ def one_of(names: Iterable[str]) -> Rule:
     return Rule(lambda value: value in names, f"one of {', '.join(map(repr, names))}")
 
 
+FINITE = Rule(lambda value: math.isfinite(value), "finite")
 FINITE_AT_LEAST_0 = Rule(lambda value: math.isfinite(value) and value >= 0, "finite and at least 0")
 FINITE_POSITIVE = Rule(lambda value: math.isfinite(value) and value > 0, "finite and positive")
 FRACTION = Rule(lambda value: 0 <= value < 1, "in [0, 1)")

@@ -38,6 +38,19 @@ SHARED_FIXTURE_DIRS = ("models", "testbed")
 MAX_MAPS = 20_000  # with room below vm.max_map_count for the largest module's own programs
 
 
+@pytest.fixture
+def qwen3_folders(monkeypatch):
+    """The Qwen3 folders that configs name (/models/Qwen3-SIZE) are a GPU machine's: here the checks that a
+    model spec names a model take them as present."""
+    from scope_jax.envs.tau2 import judge
+    from scope_jax.models import hf
+    from scope_jax.training import players
+
+    present = lambda spec: spec if "/Qwen3-" in spec else hf.model_path(spec)
+    for module in (players, judge):
+        monkeypatch.setattr(module, "model_path", present)
+
+
 def memory_maps() -> int:
     with open("/proc/self/maps") as f:
         return sum(1 for _ in f)

@@ -12,7 +12,7 @@ from absl import flags
 
 from experiments import run as runner
 from experiments.run import prepare
-from scope_jax.config import (FINITE_AT_LEAST_0, FINITE_POSITIVE, FRACTION, PROBABILITY, ConfigError,
+from scope_jax.config import (FINITE, FINITE_AT_LEAST_0, FINITE_POSITIVE, FRACTION, PROBABILITY, ConfigError,
                               at_least, one_of, require, validate)
 from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import SIM, Message
@@ -65,6 +65,7 @@ def test_compatible_values_pass():
     (1, at_least(1), False), (0, at_least(1), True), (float("nan"), at_least(1), True),
     (0.0, FINITE_AT_LEAST_0, False), (-1e-9, FINITE_AT_LEAST_0, True),
     (float("inf"), FINITE_AT_LEAST_0, True),
+    (-1.0, FINITE, False), (float("-inf"), FINITE, True),
     (1e-9, FINITE_POSITIVE, False), (0.0, FINITE_POSITIVE, True), (float("nan"), FINITE_POSITIVE, True),
     (0.0, FRACTION, False), (1.0, FRACTION, True), (float("nan"), FRACTION, True),
     (1.0, PROBABILITY, False), (0.0, PROBABILITY, True), ("sgd", one_of(["adamw", "sgd"]), False),

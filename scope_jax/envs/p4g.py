@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from scope_jax.config import FRACTION
 from scope_jax.dialogue.environment import TurnResult
 from scope_jax.dialogue.episode import AGENT, ENV, SIM, Episode, Message
 from scope_jax.envs.p4g_donations import extract_answer, extract_donation, readable
@@ -269,6 +270,9 @@ class P4GEnv:
     def __post_init__(self) -> None:
         if self.train_split not in TRAIN_SPLITS:
             raise ValueError(f"P4G train_split is {self.train_split!r}; one of {', '.join(TRAIN_SPLITS)}")
+        for name in ("heldout_fraction", "judge_fraction"):
+            if not FRACTION.holds(getattr(self, name)):
+                raise ValueError(f"P4G {name} is {getattr(self, name)!r}; it must be {FRACTION.what}")
         self.personas = load_personas(self.data_dir)
         held = lambda p: heldout_score(p.participant, self.split_seed) < self.heldout_fraction
         judge = lambda p: judge_score(p.participant, self.split_seed) < self.judge_fraction
@@ -276,6 +280,11 @@ class P4GEnv:
         self.splits = {"train": train, "judge": [p for p in train if judge(p)],
                        "simulator": [p for p in train if not judge(p)],
                        "eval": [p for p in self.personas if held(p)], "all": list(self.personas)}
+        for split in (self.train_split, "judge"):
+            if not self.splits[split]:
+                raise ValueError(f"P4G split {split!r} is empty: heldout_fraction {self.heldout_fraction} "
+                                 f"and judge_fraction {self.judge_fraction} leave none of the "
+                                 f"{len(self.personas)} persuadees in it")
 
     def sample_scenarios(self, n: int, rng: np.random.Generator, split: str = "train") -> list[Any]:
         """n personas of a split ("train": those of `train_split`; "eval" = held out; "judge", "simulator"

@@ -29,6 +29,12 @@ class TargetWordEnv:
     max_turns: int = 2
     first_speaker: str = AGENT
 
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise ValueError("target_word targets is empty; a scenario asks for one of them")
+        if self.max_turns < 1:
+            raise ValueError(f"target_word max_turns is {self.max_turns}; it must be at least 1")
+
     @property
     def vocabulary(self) -> tuple[str, ...]:
         return self.targets + FILLER

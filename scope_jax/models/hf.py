@@ -205,18 +205,25 @@ def from_pretrained(path_or_name: str | os.PathLike, dtype=jnp.float32, mesh: Me
     Returns:
       the ModelConfig, the split decoder and the tokenizer (None for an HF folder without tokenizer files).
     """
+    path = model_path(path_or_name)
+    if os.path.isdir(path):
+        return load_hf_folder(path, dtype=dtype, mesh=mesh, remat=remat)
+    from scope_jax.models.gguf import read_gguf
+
+    hf_config, state_dict, tokenizer = read_gguf(path)
+    config = ModelConfig.from_hf(hf_config)
+    return config, params_from_state_dict(config, state_dict, dtype=dtype, mesh=mesh, source=path,
+                                          remat=remat), tokenizer
+
+
+def model_path(path_or_name: str | os.PathLike) -> str:
+    """The HF folder or .gguf file that `from_pretrained(path_or_name)` loads, found without loading it;
+    FileNotFoundError where there is none."""
     path = os.fspath(path_or_name)
     if path.lower() == SMOLLM2:
         path = smollm2_path()
-    if os.path.isdir(path):
-        return load_hf_folder(path, dtype=dtype, mesh=mesh, remat=remat)
-    if path.endswith(".gguf") and os.path.isfile(path):
-        from scope_jax.models.gguf import read_gguf
-
-        hf_config, state_dict, tokenizer = read_gguf(path)
-        config = ModelConfig.from_hf(hf_config)
-        return config, params_from_state_dict(config, state_dict, dtype=dtype, mesh=mesh, source=path,
-                                              remat=remat), tokenizer
+    if os.path.isdir(path) or (path.endswith(".gguf") and os.path.isfile(path)):
+        return path
     raise FileNotFoundError(f"{path!r} is neither an HF folder, a .gguf file nor the name {SMOLLM2!r}")
 
 

@@ -17,13 +17,17 @@ import jax
 import ml_collections
 
 from scope_jax import distributed, envs, sharding
-from scope_jax.config import ConfigError
+from scope_jax.algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS
+from scope_jax.config import (FINITE, FINITE_AT_LEAST_0, PROBABILITY, ConfigError, Rule, at_least, one_of,
+                              require)
 from scope_jax.dialogue.environment import Environment
 from scope_jax.envs import user_dialogues
+from scope_jax.envs.cooperbench.sandbox import SandboxError
 from scope_jax.simulators.modes import SimulatorMode, make_mode
 from scope_jax.simulators.verbalized import VerbalizedConfig, verbalized_config
-from scope_jax.training import monitor
+from scope_jax.training import monitor, players
 from scope_jax.training.loss import LossConfig
+from scope_jax.training.optimizer import NAMES as OPTIMIZERS
 from scope_jax.training.optimizer import OptimizerConfig
 
 
@@ -91,6 +95,24 @@ def schema(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return c
 
 
+# What each value must be whatever else is set; `check` applies them first (later checks divide by counts).
+RULES: dict[str, Rule] = {
+    "train.steps": at_least(1), "train.microbatches": at_least(1), "train.eval_every": at_least(0),
+    "rollout.groups": at_least(1), "rollout.shards": at_least(1),
+    # every estimator of ADVANTAGES (scope_jax/algorithms/advantages.py) is group-relative
+    "rollout.group_size": dataclasses.replace(at_least(2), what="at least 2: a group of one rollout gets "
+                                              "advantage 0 from every (group-relative) algo.advantage"),
+    "algo.advantage": one_of(ADVANTAGES), "algo.aggregation": one_of(AGGREGATIONS),
+    "algo.kl_estimator": one_of(KL_ESTIMATORS), "agent.dtype": one_of(players.DTYPES),
+    "optimizer.name": one_of(OPTIMIZERS),
+    "sampling.temperature": FINITE_AT_LEAST_0, "sampling.top_k": at_least(0), "sampling.top_p": PROBABILITY,
+    **dict.fromkeys(("optimizer.learning_rate", "optimizer.sim_learning_rate", "optimizer.max_grad_norm",
+                     "optimizer.weight_decay", "algo.kl_coef", "algo.sim_kl_coef", "sim.data_coef"),
+                    FINITE_AT_LEAST_0),
+    "algo.entropy_coef": FINITE,  # below 0: an entropy penalty
+}
+
+
 class Checked(NamedTuple):
     """What `check` built while checking a config, for the run to use rather than build again."""
 
@@ -101,6 +123,9 @@ class Checked(NamedTuple):
 def check(config: ml_collections.ConfigDict) -> Checked:
     """Refuse impossible or silently wrong combinations before any work (ConfigError, one line naming the
     key); returns the simulator mode and the environment, the run's own (its one construction)."""
+    require(config, RULES)
+    if config.train.eval_every or config.train.eval_first:
+        require(config, {"train.eval_groups": at_least(1)})
     try:
         verbalized_config(config.verbalized)
     except ValueError as e:
@@ -113,6 +138,7 @@ def check(config: ml_collections.ConfigDict) -> Checked:
     _check_rows(config, mode)
     _check_shards(config)
     _check_fits(config)
+    _check_models(config)
     return Checked(mode, make_env(config.env))  # a missing or malformed data file stops the run here
 
 
@@ -185,6 +211,20 @@ def _check_fits(config) -> None:
                               "would train against the model that evaluates it")
 
 
+def _check_models(config) -> None:
+    """Every model spec names a model (without loading it): a missing one would stop the run only after its
+    directory is made. An adapter folder is `_check_fits`' to check."""
+    named = ([("agent.model", config.agent.model), ("sim.model", config.sim.model)]
+             + [("sim.models", spec) for spec in config.sim.models]
+             + [("eval.sim_models", spec) for spec in config.eval.sim_models])
+    for key, spec in named:
+        if spec:  # "": a simulator key the mode does not read
+            try:
+                players.check_spec(spec)
+            except ValueError as e:
+                raise ConfigError(f"config key '{key}' is {spec!r}; {e}") from None
+
+
 def make_env(env_config: ml_collections.ConfigDict) -> Environment:
     """The environment `env_config.name` with the group's settings (`env_settings`' keys)."""
     if env_config.name not in envs.ENVIRONMENTS:
@@ -192,7 +232,7 @@ def make_env(env_config: ml_collections.ConfigDict) -> Environment:
                           f"one of {', '.join(envs.ENVIRONMENTS)}")
     try:
         return envs.make(env_config.name, **{k: v for k, v in env_config.items() if k != "name"})
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, SandboxError) as e:  # SandboxError: the sandbox cannot run here
         raise ConfigError(f"config group 'env': {e}") from None
 
 

@@ -31,6 +31,9 @@ class OptimizerConfig:
     warmup_steps: int = 0
 
 
+NAMES = ("adamw", "sgd")  # the optimizers `_role_optimizer` builds
+
+
 def _role_optimizer(config: OptimizerConfig, peak_lr: float) -> optax.GradientTransformation:
     lr = optax.linear_schedule(0.0, peak_lr, config.warmup_steps) if config.warmup_steps else peak_lr
     parts = [optax.clip_by_global_norm(config.max_grad_norm)] if config.max_grad_norm else []
@@ -40,7 +43,7 @@ def _role_optimizer(config: OptimizerConfig, peak_lr: float) -> optax.GradientTr
     elif config.name == "sgd":
         parts.append(optax.sgd(lr))
     else:
-        raise ValueError(f"optimizer name {config.name!r} is not one of 'adamw', 'sgd'")
+        raise ValueError(f"optimizer name {config.name!r} is not one of {', '.join(map(repr, NAMES))}")
     return optax.chain(*parts)
 
 

@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 
 from scope_jax import sharding
 from scope_jax.models import PARTITION_RULES, from_pretrained, init, lora
-from scope_jax.models.hf import TOKENIZER_FILES
+from scope_jax.models.hf import TOKENIZER_FILES, model_path
 from scope_jax.models.tiny import tiny_config, word_tokenizer
 from scope_jax.models.tokenizer import without_thinking
 
@@ -28,6 +28,20 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 def adapter_hashes(specs: Iterable[str]) -> dict[str, str]:
     """{spec: the sha256 of its adapter's weights file} of the base+adapter specs among `specs`."""
     return {spec: lora.adapter_sha256(spec.split("+", 1)[1]) for spec in specs if "+" in spec}
+
+
+def check_spec(spec: str) -> None:
+    """Raise ValueError where `spec` names no model `load_model` could load; nothing is loaded (nor is an
+    adapter folder looked at)."""
+    base = spec.split("+", 1)[0]
+    if base.startswith("tiny:"):
+        if not base[len("tiny:"):].isdigit():
+            raise ValueError("a tiny model is tiny:SEED, SEED a whole number")
+        return
+    try:
+        model_path(base)
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
 
 
 def load_model(spec: str, *, words: tuple[str, ...] = (), dtype: str = "float32", remat: bool = False,

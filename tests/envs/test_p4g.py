@@ -206,6 +206,19 @@ def test_toy_personas_cards_and_split(toy_data):
     assert "$2" in env.system_prompt(env.personas[0], AGENT)
 
 
+@pytest.mark.parametrize("settings,message", [
+    ({"heldout_fraction": 1.5}, "P4G heldout_fraction is 1.5; it must be in [0, 1)"),
+    ({"judge_fraction": float("nan")}, "P4G judge_fraction is nan; it must be in [0, 1)"),
+    ({"heldout_fraction": 0.97}, "P4G split 'train' is empty"),  # every toy score is below 0.97
+    ({"judge_fraction": 0.0}, "P4G split 'judge' is empty"),
+    ({"judge_fraction": 0.95, "train_split": "simulator"}, "P4G split 'simulator' is empty"),
+])
+def test_fractions_outside_0_1_and_empty_splits_are_refused(toy_data, settings, message):
+    with pytest.raises(ValueError) as error:
+        p4g.P4GEnv(data_dir=str(toy_data), **settings)
+    assert str(error.value).startswith(message), error.value
+
+
 def test_invalid_donations_and_missing_traits_are_none(tmp_path):
     rows = [_row("a", donation="50.0", **{"age.x": "", "sex.x": ""}), _row("b", donation="")]
     folder = write_info(tmp_path, rows)

@@ -3,6 +3,7 @@
 import pytest
 
 from experiments.configs.target_word import get_config
+from scope_jax.algorithms import ADVANTAGES
 from scope_jax.config import ConfigError
 from scope_jax.training.config import check
 
@@ -111,3 +112,74 @@ def test_training_against_the_judge_itself_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="train against the model that evaluates it") as error:
         check(config)
     assert "'sim.models'" in str(error.value)
+
+
+NAN, INF = float("nan"), float("inf")
+# (label, changes to experiments/configs/target_word.py's frozen config, the start of the one-line error)
+NONSENSE = [
+    ("no micro-batches", {"train.microbatches": 0},
+     "config key 'train.microbatches' is 0; it must be at least 1"),
+    ("no shards", {"rollout.shards": 0}, "config key 'rollout.shards' is 0; it must be at least 1"),
+    ("no steps", {"train.steps": 0}, "config key 'train.steps' is 0"),
+    ("negative steps", {"train.steps": -1}, "config key 'train.steps' is -1"),
+    ("no scenario groups", {"rollout.groups": 0}, "config key 'rollout.groups' is 0"),
+    ("negative scenario groups", {"rollout.groups": -4}, "config key 'rollout.groups' is -4"),
+    ("empty groups", {"rollout.group_size": 0}, "config key 'rollout.group_size' is 0"),
+    ("no evaluation groups, evaluating", {"train.eval_groups": 0}, "config key 'train.eval_groups' is 0"),
+    ("no evaluation groups, evaluating first",
+     {"train.eval_every": 0, "train.eval_first": True, "train.eval_groups": 0}, "config key 'train.eval_gr"),
+    ("negative eval_every", {"train.eval_every": -1}, "config key 'train.eval_every' is -1"),
+    ("an unknown optimizer", {"optimizer.name": "adam"}, "config key 'optimizer.name' is 'adam'"),
+    ("an unknown advantage", {"algo.advantage": "ppo"}, "config key 'algo.advantage' is 'ppo'; it must be"),
+    ("an unknown aggregation", {"algo.aggregation": "foo"}, "config key 'algo.aggregation' is 'foo'"),
+    ("an unknown KL estimator", {"algo.kl_estimator": "k4"}, "config key 'algo.kl_estimator' is 'k4'"),
+    ("an unknown dtype", {"agent.dtype": "float99"}, "config key 'agent.dtype' is 'float99'"),
+    ("top-p above 1", {"sampling.top_p": 2.0}, "config key 'sampling.top_p' is 2.0; it must be in (0, 1]"),
+    ("NaN temperature", {"sampling.temperature": NAN}, "config key 'sampling.temperature' is nan"),
+    ("infinite temperature", {"sampling.temperature": INF}, "config key 'sampling.temperature' is inf"),
+    ("NaN learning rate", {"optimizer.learning_rate": NAN},
+     "config key 'optimizer.learning_rate' is nan; it must be finite and at least 0"),
+    ("infinite learning rate", {"optimizer.learning_rate": INF},
+     "config key 'optimizer.learning_rate' is inf"),
+    ("negative learning rate", {"optimizer.learning_rate": -1e-3}, "config key 'optimizer.learning_rate' is"),
+    ("NaN simulator learning rate", {"optimizer.sim_learning_rate": NAN}, "config key 'optimizer.sim_lea"),
+    ("negative KL weight", {"algo.kl_coef": -0.1}, "config key 'algo.kl_coef' is -0.1"),
+    ("NaN simulator KL weight", {"algo.sim_kl_coef": NAN}, "config key 'algo.sim_kl_coef' is nan"),
+    ("NaN entropy bonus", {"algo.entropy_coef": NAN}, "config key 'algo.entropy_coef' is nan"),
+    ("no target words", {"env.targets": ()}, "config group 'env': target_word targets is empty"),
+    ("no turns", {"env.max_turns": 0}, "config group 'env': target_word max_turns is 0"),
+    ("a missing agent model", {"agent.model": "nosuch"}, "config key 'agent.model' is 'nosuch'; 'nosuch' is"),
+    ("a missing simulator model", {"sim.model": "/nonexistent/model"}, "config key 'sim.model' is '/nonex"),
+    ("a missing judge", {"eval.sim_models": ("nosuch",)}, "config key 'eval.sim_models' is 'nosuch'"),
+] + [(f"one rollout per scenario under {name}", {"algo.advantage": name, "rollout.group_size": 1},
+      "config key 'rollout.group_size' is 1; it must be at least 2") for name in ADVANTAGES]
+
+
+def _changed(mode: str, changes: dict):
+    config = get_config(mode)
+    for name, value in changes.items():
+        group, field = name.split(".")
+        config[group][field] = value
+    return config
+
+
+@pytest.mark.parametrize("changes,start", [row[1:] for row in NONSENSE], ids=[row[0] for row in NONSENSE])
+def test_nonsensical_values_are_refused_in_one_line_before_any_work(changes, start):
+    with pytest.raises(ConfigError) as error:
+        check(_changed("frozen", changes))
+    message = str(error.value)
+    assert message.startswith(start) and "\n" not in message, message
+
+
+def test_evaluation_groups_may_be_0_when_nothing_is_evaluated():
+    check(_changed("frozen", {"train.eval_every": 0, "train.eval_groups": 0}))
+
+
+def test_an_environment_that_cannot_be_built_here_is_a_config_error():
+    """CooperBench's sandbox refuses an unknown isolation level with its own error (a RuntimeError)."""
+    from scope_jax.training.config import env_settings, make_env
+
+    settings = env_settings("cooperbench")
+    settings.isolation = "bogus"
+    with pytest.raises(ConfigError, match="^config group 'env': sandbox isolation 'bogus' is unknown"):
+        make_env(settings)

@@ -23,6 +23,7 @@ import numpy as np
 
 from scope_jax.envs.tau2.tool_calls import loads_object
 from scope_jax.models import from_pretrained
+from scope_jax.models.hf import model_path
 from scope_jax.models.tokenizer import without_thinking
 from scope_jax.sampling import SamplingConfig, generate
 from scope_jax.envs.tau2.trajectory import Turn
@@ -75,6 +76,9 @@ class ModelJudge:
     max_new_tokens: int = 192
     max_context: int = 4096
     _model: Any = dataclasses.field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        model_path(self.spec)  # a missing model stops the run here, not after the rollouts that ask it
 
     def __call__(self, system_prompt: str, user_prompt: str) -> str:
         if self._model is None:

@@ -29,7 +29,7 @@ def test_the_context_budget_covers_every_turn():
 
 
 @pytest.mark.parametrize("arg", ["0.6b", "1.7b:cotrain", "4b:population", "/data/Qwen3-0.6B:solo"])
-def test_the_qwen3_config_passes_the_check(arg):
+def test_the_qwen3_config_passes_the_check(arg, qwen3_folders):
     config = cooperbench_qwen3.get_config(arg)
     prepare(config)
     assert config.agent.dtype == "bfloat16" and config.agent.remat and config.sim.remat

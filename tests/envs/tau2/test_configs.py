@@ -23,7 +23,7 @@ def data():
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_every_mode_passes_the_checks(mode):
+def test_every_mode_passes_the_checks(mode, qwen3_folders):
     cpu = tau2.get_config(mode)
     prepare(cpu)
     assert cpu.env.tool_format == "text" and cpu.env.agent_prompt == "compact"  # SmolLM2: no tools= support

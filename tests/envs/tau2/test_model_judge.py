@@ -35,3 +35,9 @@ def test_judge_model_setting(make_env, folder):
     given = lambda system, user: "{}"
     assert make_env(judge_model=folder, judge=given).judge is given
     assert make_env().judge is None
+
+
+def test_a_judge_model_that_does_not_exist_is_refused_when_the_environment_is_made(make_env):
+    """Not after the rollouts, where the judge is first asked (it loads on first use)."""
+    with pytest.raises(FileNotFoundError, match="^'/nonexistent/model' is neither an HF folder"):
+        make_env(judge_model="/nonexistent/model")
