@@ -13,7 +13,8 @@ import dataclasses
 
 import ml_collections
 
-from scope_jax.config import ConfigError
+from scope_jax.algorithms import ADVANTAGES
+from scope_jax.config import FINITE_AT_LEAST_0, FINITE_POSITIVE, ConfigError, at_least, one_of, require
 from scope_jax.testbed import arms, data_report, experiment, report, scarce_report
 from scope_jax.testbed.pretrain import PretrainConfig
 from scope_jax.testbed.rl import RLConfig
@@ -74,7 +75,21 @@ def settings(config: ml_collections.ConfigDict) -> experiment.Settings:
                                pretrain_for=tuple(arms.ARMS[a] for a in config.pretrain_for))
 
 
+# A count of 0 (a step count, batch, size or interval) would break the run part-way, after pretraining.
+COUNTS = ("workers", "vs_samples", "rl.steps", "rl.eval_every", "rl.groups", "rl.group_size",
+          "rl.rotation_block", "rl.best_response_every", "pretrain.hidden_size", "pretrain.num_layers",
+          "pretrain.batch", "pretrain.vs_batch", "pretrain.agent_steps", "pretrain.sim_steps",
+          "pretrain.collapse_steps", "pretrain.selfplay_steps", "data.fit_steps", "data.fit_batch",
+          "data.check_every", "data.vs_steps", "data.vs_batch")
+RULES = {**{key: at_least(1) for key in COUNTS},
+         "rl.learning_rate": FINITE_AT_LEAST_0, "rl.sim_learning_rate": FINITE_AT_LEAST_0,
+         "rl.sim_kl_coef": FINITE_AT_LEAST_0, "rl.advantage": one_of(ADVANTAGES),
+         "pretrain.learning_rate": FINITE_AT_LEAST_0, "pretrain.collapse_temperature": FINITE_POSITIVE,
+         "data.fit_learning_rate": FINITE_AT_LEAST_0}
+
+
 def check(config: ml_collections.ConfigDict) -> None:
+    require(config, RULES)  # first: the checks below divide by and count with these values
     for key in ("arms", "pretrain_for"):
         unknown = [a for a in config[key] if a not in arms.ARMS]
         if unknown:
@@ -89,14 +104,10 @@ def check(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("config keys 'data.sizes' must be >= 10 dialogues and 'data.data_coefs' > 0")
     if any(n < 10 for n in config.scarce.sizes) or config.scarce.data_coef <= 0:
         raise ConfigError("config keys 'scarce.sizes' must be >= 10 dialogues and 'scarce.data_coef' > 0")
-    if config.rl.best_response_every < 1:
-        raise ConfigError("config key 'rl.best_response_every' must be at least 1")
     if config.data.sizes and not config.data.data_coefs:
         raise ConfigError("config key 'data.data_coefs' needs at least one weight when 'data.sizes' is set")
     if config.rl.steps % config.rl.eval_every:
         raise ConfigError("config key 'rl.steps' must be a multiple of 'rl.eval_every'")
-    if config.rl.rotation_block < 1:
-        raise ConfigError("config key 'rl.rotation_block' must be at least 1")
     members = max(arm.members for arm in arm_list(config))
     if config.rl.groups % members:
         raise ConfigError(f"config key 'rl.groups' must be a multiple of the largest population ({members})")
@@ -105,10 +116,6 @@ def check(config: ml_collections.ConfigDict) -> None:
                           "must have the same length")
     if len(config.seeds) < 2:
         raise ConfigError("config key 'seeds' needs at least 2 seeds for confidence intervals")
-    if config.workers < 1:
-        raise ConfigError("config key 'workers' must be at least 1")
-    if config.vs_samples < 1:
-        raise ConfigError("config key 'vs_samples' must be at least 1")
 
 
 def run(config: ml_collections.ConfigDict, run_dir: RunDir) -> None:

@@ -34,12 +34,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from scope_jax import diagnostics  # noqa: E402
-from scope_jax.config import ConfigError  # noqa: E402
+from scope_jax.config import ConfigError, at_least, require  # noqa: E402
 from scope_jax.dialogue.episode import AGENT, SIM, Episode  # noqa: E402
 from scope_jax.dialogue.rollout import rollout  # noqa: E402
 from scope_jax.dialogue.speakers import ModelSpeaker, Player, Speaker  # noqa: E402
 from scope_jax.dialogue.transcript import transcript  # noqa: E402
 from scope_jax.envs.p4g import CLOSING_QUESTION, P4GEnv, Persona  # noqa: E402
+from scope_jax.envs.p4g_csv import P4GDataError  # noqa: E402
 from scope_jax.envs.p4g_fidelity_stats import (BIN_LABELS, distances, donation_stats, histogram,  # noqa: E402
                                                rank_correlation)
 from scope_jax.sampling import SamplingConfig  # noqa: E402
@@ -72,7 +73,11 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
+RULES = {"dialogues": at_least(1), "batch": at_least(1), "distinct_n": at_least(1)}
+
+
 def check(config: ml_collections.ConfigDict) -> None:
+    require(config, RULES)
     unknown = set(config.arms) - set(ARMS)
     if unknown or not config.arms:
         raise ConfigError(f"config key 'arms' must be a non-empty subset of {', '.join(ARMS)}; "
@@ -81,9 +86,14 @@ def check(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("config key 'dialogues' must be a multiple of 'batch'")
     try:
         verbalized_config(config.verbalized)
+    except ValueError as e:
+        raise ConfigError(f"config group 'verbalized': {e}") from None
+    try:
         _env(config)
-    except ValueError as e:  # P4GDataError included
-        raise ConfigError(str(e)) from None
+    except P4GDataError as e:
+        raise ConfigError(f"config key 'env.data_dir': {e}") from None
+    except ValueError as e:
+        raise ConfigError(f"config group 'env': {e}") from None
 
 
 def _env(config) -> P4GEnv:

@@ -21,7 +21,7 @@ import pathlib
 
 import ml_collections
 
-from scope_jax.config import ConfigError
+from scope_jax.config import ConfigError, at_least, one_of, require
 from scope_jax.dialogue.episode import AGENT, SIM, Episode
 from scope_jax.dialogue.rollout import rollout_scripted
 from scope_jax.envs.tau2 import Tau2Env, scripted
@@ -45,14 +45,21 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
+RULES = {"grading": one_of(GRADINGS), "max_steps": at_least(1), "max_errors": at_least(1)}
+
+
 def check(config: ml_collections.ConfigDict) -> None:
     unknown = set(config.domains) - set(DOMAINS)
     if unknown or not config.domains:
         raise ConfigError(f"config key 'domains' must be a non-empty subset of {', '.join(DOMAINS)}")
-    if config.grading not in GRADINGS:
-        raise ConfigError(f"config key 'grading' must be one of {', '.join(GRADINGS)}")
+    require(config, RULES)
     if not pathlib.Path(config.reference).is_file():
         raise ConfigError(f"config key 'reference': no file {config.reference}")
+    for domain in config.domains:
+        try:
+            _env(config, domain)  # reads the domain's files, once per process: the run's come from its cache
+        except ValueError as e:  # Tau2DataError, or a split the folder's split_tasks.json lacks
+            raise ConfigError(f"config key 'data_dir': {e}") from None
 
 
 def _env(config, domain: str) -> Tau2Env:

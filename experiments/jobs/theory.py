@@ -16,7 +16,7 @@ import matplotlib
 import ml_collections
 import numpy as np
 
-from scope_jax.config import ConfigError
+from scope_jax.config import ConfigError, at_least, require
 from theory import checks, concentration, entropy_collapse, gradient_bias, plots, regret, toy, variance_split
 
 matplotlib.use("Agg")
@@ -47,7 +47,15 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
+# Instances, grid points, sizes and steps: with a count of 0 a statement has nothing to check (or fails on
+# empty arrays after the run directory exists).
+RULES = {key: at_least(1) for key in (
+    "instances", "sweep_points", "group_size", "dialogue.contexts", "dialogue.actions", "dialogue.replies",
+    "bandit.contexts", "bandit.actions", "bandit.replies", "md.steps", "pg.steps", "toy.replies", "toy.grid")}
+
+
 def check(config: ml_collections.ConfigDict) -> None:
+    require(config, RULES)
     if config.r_max <= config.r_min:
         raise ConfigError("config key 'r_max' must exceed 'r_min'")
     if any(t < 1 for t in config.dialogue.horizons):

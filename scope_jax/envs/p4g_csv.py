@@ -1,7 +1,8 @@
 """The one reader of the Persuasion for Good CSV files (`FullData/full_info.csv`, `FullData/full_dialog.csv`,
 `AnnotatedData/300_dialog.csv`), for the environment (`p4g`), its human dialogues (`p4g_human`) and the
 committed statistics (`p4g_stats`): a missing file, missing columns, or an unreadable encoding or CSV line
-raise `P4GDataError`, one line naming the file (and the line)."""
+raise `P4GDataError`, one line naming the file (and the line), not a config key: the job that catches
+it names its own."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def read_rows(path: str | pathlib.Path, columns: Sequence[str]) -> list[tuple[in
     missing cells are None)."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise P4GDataError(f"P4G data file {path} is missing (set env.data_dir to the P4G folder)")
+        raise P4GDataError(f"P4G data file {path} is missing")
     try:
         with path.open(newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)

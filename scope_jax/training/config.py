@@ -23,6 +23,8 @@ from scope_jax.config import (FINITE, FINITE_AT_LEAST_0, PROBABILITY, ConfigErro
 from scope_jax.dialogue.environment import Environment
 from scope_jax.envs import user_dialogues
 from scope_jax.envs.cooperbench.sandbox import SandboxError
+from scope_jax.envs.p4g_csv import P4GDataError
+from scope_jax.envs.tau2.tasks import Tau2DataError
 from scope_jax.simulators.modes import SimulatorMode, make_mode
 from scope_jax.simulators.verbalized import VerbalizedConfig, verbalized_config
 from scope_jax.training import monitor, players
@@ -213,16 +215,10 @@ def _check_fits(config) -> None:
 
 def _check_models(config) -> None:
     """Every model spec names a model (without loading it): a missing one would stop the run only after its
-    directory is made. An adapter folder is `_check_fits`' to check."""
-    named = ([("agent.model", config.agent.model), ("sim.model", config.sim.model)]
-             + [("sim.models", spec) for spec in config.sim.models]
-             + [("eval.sim_models", spec) for spec in config.eval.sim_models])
-    for key, spec in named:
-        if spec:  # "": a simulator key the mode does not read
-            try:
-                players.check_spec(spec)
-            except ValueError as e:
-                raise ConfigError(f"config key '{key}' is {spec!r}; {e}") from None
+    directory is made."""
+    players.check_specs([("agent.model", config.agent.model), ("sim.model", config.sim.model)]
+                        + [("sim.models", spec) for spec in config.sim.models]
+                        + [("eval.sim_models", spec) for spec in config.eval.sim_models])
 
 
 def make_env(env_config: ml_collections.ConfigDict) -> Environment:
@@ -232,6 +228,8 @@ def make_env(env_config: ml_collections.ConfigDict) -> Environment:
                           f"one of {', '.join(envs.ENVIRONMENTS)}")
     try:
         return envs.make(env_config.name, **{k: v for k, v in env_config.items() if k != "name"})
+    except (P4GDataError, Tau2DataError) as e:
+        raise ConfigError(f"config key 'env.data_dir': {e}") from None
     except (OSError, ValueError, SandboxError) as e:  # SandboxError: the sandbox cannot run here
         raise ConfigError(f"config group 'env': {e}") from None
 

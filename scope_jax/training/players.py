@@ -9,6 +9,7 @@ Every player's chat template runs with thinking off (see `scope_jax.models.token
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable
 
 import jax
@@ -17,6 +18,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scope_jax import sharding
+from scope_jax.config import ConfigError
 from scope_jax.models import PARTITION_RULES, from_pretrained, init, lora
 from scope_jax.models.hf import TOKENIZER_FILES, model_path
 from scope_jax.models.tiny import tiny_config, word_tokenizer
@@ -30,18 +32,27 @@ def adapter_hashes(specs: Iterable[str]) -> dict[str, str]:
     return {spec: lora.adapter_sha256(spec.split("+", 1)[1]) for spec in specs if "+" in spec}
 
 
-def check_spec(spec: str) -> None:
-    """Raise ValueError where `spec` names no model `load_model` could load; nothing is loaded (nor is an
-    adapter folder looked at)."""
-    base = spec.split("+", 1)[0]
-    if base.startswith("tiny:"):
-        if not base[len("tiny:"):].isdigit():
-            raise ValueError("a tiny model is tiny:SEED, SEED a whole number")
-        return
-    try:
-        model_path(base)
-    except FileNotFoundError as e:
-        raise ValueError(str(e)) from None
+def check_specs(named: Iterable[tuple[str, str]]) -> None:
+    """Raise ConfigError naming the first config key of `named` ((key, spec) pairs; an empty spec is
+    skipped) whose spec names no model `load_model` could load, or an adapter folder that does not exist.
+    Nothing is loaded."""
+    for key, spec in named:
+        if not spec:
+            continue
+        base, plus, adapter = spec.partition("+")
+        if base.startswith("tiny:"):
+            whole = base[len("tiny:"):].isdigit()
+            problem = None if whole else "a tiny model is tiny:SEED, SEED a whole number"
+        else:
+            try:
+                model_path(base)
+                problem = None
+            except FileNotFoundError as e:
+                problem = str(e)
+        if problem is None and plus and not os.path.isdir(adapter):
+            problem = f"its adapter folder {adapter!r} does not exist"
+        if problem:
+            raise ConfigError(f"config key '{key}' is {spec!r}; {problem}")
 
 
 def load_model(spec: str, *, words: tuple[str, ...] = (), dtype: str = "float32", remat: bool = False,

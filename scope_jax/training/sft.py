@@ -32,14 +32,17 @@ import ml_collections
 import numpy as np
 
 from scope_jax import envs, sharding
-from scope_jax.config import ConfigError
+from scope_jax.config import FINITE_AT_LEAST_0, ConfigError, at_least, one_of, require
 from scope_jax.dialogue.environment import Environment
 from scope_jax.dialogue.episode import ROLES, Episode
 from scope_jax.dialogue.views import RoleView
 from scope_jax.envs import user_dialogues
+from scope_jax.envs.p4g_csv import P4GDataError
 from scope_jax.models import lora
+from scope_jax.training import players
 from scope_jax.training import state as joint
 from scope_jax.training.loss import LossConfig, nll_loss
+from scope_jax.training.optimizer import NAMES as OPTIMIZERS
 from scope_jax.training.optimizer import OptimizerConfig, make_optimizer
 from scope_jax.training.players import load_model
 from scope_jax.training.run_dir import RunDir
@@ -76,14 +79,18 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
+RULES = {"role": one_of(ROLES), "dtype": one_of(players.DTYPES), "optimizer.name": one_of(OPTIMIZERS),
+         **{f"train.{key}": at_least(1) for key in ("steps", "batch_size", "microbatches", "eval_every",
+                                                    "checkpoint_every")},
+         "data.max_length": at_least(1), "data.train_dialogues": at_least(0),
+         "data.eval_dialogues": at_least(0), "optimizer.learning_rate": FINITE_AT_LEAST_0}
+
+
 def check(config: ml_collections.ConfigDict, purpose: str | None) -> None:
     """Refuse, in one line naming the key, what would not run or would fit a `purpose` ("judge",
     "simulator"; None: neither, e.g. a persuader) on another purpose's people."""
-    if config.role not in ROLES:
-        raise ConfigError(f"config key 'role' is {config.role!r}; one of {', '.join(ROLES)}")
-    for key in ("steps", "batch_size", "microbatches", "eval_every", "checkpoint_every"):
-        if config.train[key] < 1:
-            raise ConfigError(f"config key 'train.{key}' is {config.train[key]}; it must be at least 1")
+    require(config, RULES)
+    players.check_specs([("model", config.model)])
     if not config.train.last_reply_weight > 0:
         raise ConfigError(f"config key 'train.last_reply_weight' is {config.train.last_reply_weight}; it "
                           "must be positive")
@@ -108,7 +115,10 @@ def check(config: ml_collections.ConfigDict, purpose: str | None) -> None:
             user_dialogues.check_fit(data_spec(config, "train"), purpose)
         except ValueError as e:
             raise ConfigError(f"config key 'data.train_split': {e}") from None
-    dialogues(config)  # a missing data file or an unknown split stops the run here, in one line
+    train = len(dialogues(config)[1]["train"])  # a missing data file or an unknown split stops the run here
+    if train < config.train.batch_size:
+        raise ConfigError(f"config key 'data.train_dialogues' gives {train} train dialogues, fewer than one "
+                          f"batch (train.batch_size = {config.train.batch_size})")
 
 
 def lora_config(config) -> lora.LoRAConfig:
@@ -137,7 +147,9 @@ def dialogues(config) -> tuple[Environment, dict[str, list[Episode]], dict[str, 
             order = np.random.default_rng([config.seed, use == "eval"]).permutation(len(loaded.episodes))
             chosen[use] = [loaded.episodes[i] for i in (order[:count] if count else order)]
             skipped[use] = loaded.skipped
-    except ValueError as e:  # P4GDataError included
+    except P4GDataError as e:
+        raise ConfigError(f"config key 'data.data_dir': {e}") from None
+    except ValueError as e:
         raise ConfigError(f"config group 'data': {e}") from None
     return env, chosen, skipped
 

@@ -259,7 +259,7 @@ def test_run_stops_with_one_line_naming_the_file(tmp_path):
     config = default_config()
     config.env = env_settings("p4g")
     config.env.data_dir = str(tmp_path / "nowhere")
-    message = r"config group 'env': P4G data file .*nowhere/FullData/full_info.csv is missing"
+    message = r"config key 'env.data_dir': P4G data file .*nowhere/FullData/full_info.csv is missing$"
     with pytest.raises(ConfigError, match=message):
         prepare(config)
 

@@ -45,11 +45,20 @@ def tiny_config(data_dir):
 
 def test_config_errors(tmp_path):
     config = tiny_config(tmp_path / "absent")
-    with pytest.raises(ConfigError, match="full_info.csv is missing"):
+    with pytest.raises(ConfigError, match=r"^config key 'env.data_dir': P4G data file .*full_info.csv is "
+                                          r"missing$"):
         prepare(config)
     config = tiny_config(write_info(tmp_path, [_row(f"u{i}") for i in range(8)]))
     config.arms = ("direct", "guess")
     with pytest.raises(ConfigError, match="'arms'"):
+        prepare(config)
+
+
+@pytest.mark.parametrize("key", ["batch", "dialogues", "distinct_n"])
+def test_a_count_of_zero_is_one_line_before_any_work(tmp_path, key):
+    config = tiny_config(write_info(tmp_path, [_row(f"u{i}") for i in range(8)]))
+    config.update_from_flattened_dict({key: 0})
+    with pytest.raises(ConfigError, match=rf"^config key '{key}' is 0; it must be at least 1$"):
         prepare(config)
 
 

@@ -55,7 +55,7 @@ def test_episode_is_the_opening_capped_turns_and_the_real_donation(toy, max_turn
 def test_missing_dialog_file_and_unknown_split_are_one_line_errors(tmp_path):
     write_info(tmp_path, [_row("a")])
     env = p4g.P4GEnv(data_dir=str(tmp_path))
-    with pytest.raises(p4g.P4GDataError, match=r"full_dialog.csv is missing \(set env.data_dir"):
+    with pytest.raises(p4g.P4GDataError, match=r"full_dialog.csv is missing$"):
         HumanDialogues.load(env, "train", 2)
     with pytest.raises(ValueError, match="unknown split 'test'"):
         HumanDialogues.load(env, "test", 2)

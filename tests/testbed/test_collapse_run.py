@@ -1,11 +1,17 @@
-"""End to end: the collapse job's quick config through experiments.run, in a subprocess."""
+"""End to end: the collapse job's quick config through experiments.run, in a subprocess; and what its check
+refuses before any work."""
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
 import pytest
+
+from experiments.configs.collapse import get_config
+from experiments.run import prepare
+from scope_jax.config import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ARMS = ("untrained", "frozen", "frozen_base", "verbalized", "cotrain")
@@ -41,3 +47,26 @@ def test_quick_run_writes_every_output(tmp_path):
     text = (workdir / "summary.md").read_text()
     assert "What appeared" in text and "Against the frozen base simulator" in text
     assert "What holds by construction" in text
+
+
+def test_the_quick_config_passes_its_check():
+    prepare(get_config("quick"))
+
+
+@pytest.mark.parametrize("key, value, rule", [
+    ("rl.eval_every", 0, "at least 1"),  # was a ZeroDivisionError in the check
+    ("rl.steps", 0, "at least 1"),  # was an IndexError after pretraining
+    ("rl.groups", 0, "at least 1"),
+    ("rl.group_size", 0, "at least 1"),
+    ("pretrain.agent_steps", 0, "at least 1"),
+    ("pretrain.batch", 0, "at least 1"),
+    ("data.check_every", 0, "at least 1"),
+    ("rl.learning_rate", float("nan"), "finite and at least 0"),
+    ("rl.advantage", "ppo", "one of "),
+    ("workers", 0, "at least 1"),
+])
+def test_a_count_of_zero_or_a_bad_setting_is_one_line_before_any_work(key, value, rule):
+    config = get_config("quick")
+    config.update_from_flattened_dict({key: value})
+    with pytest.raises(ConfigError, match=rf"^config key '{re.escape(key)}' is .*; it must be {rule}"):
+        prepare(config)

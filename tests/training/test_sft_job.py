@@ -82,12 +82,34 @@ def test_a_stopped_run_resumes_to_the_same_metrics(tmp_path, monkeypatch, rank):
 def test_missing_data_file_and_bad_split_are_one_line_config_errors(tmp_path):
     config = tiny_config()
     config.data.data_dir = str(tmp_path)
-    with pytest.raises(ConfigError, match=r"^config group 'data': P4G data file .*full_info.csv is missing"):
+    with pytest.raises(ConfigError, match=r"^config key 'data.data_dir': P4G data file .*full_info.csv is "
+                                          r"missing$"):
         prepare(config)
     config = tiny_config()
     config.data.eval_split = "test"
     splits = "train, judge, simulator, eval, all"
     with pytest.raises(ConfigError, match=rf"data.eval_split is 'test'; one of {splits}$"):
+        prepare(config)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("optimizer.name", "adam", r"^config key 'optimizer.name' is 'adam'; it must be one of 'adamw', 'sgd'$"),
+    ("dtype", "float99", r"^config key 'dtype' is 'float99'; it must be one of 'float32', 'bfloat16'$"),
+    ("model", "nosuch", r"^config key 'model' is 'nosuch'; 'nosuch' is neither an HF folder, a .gguf file "),
+    ("model", "tiny:x", r"^config key 'model' is 'tiny:x'; a tiny model is tiny:SEED, SEED a whole number$"),
+    ("model", "tiny:0+nowhere", r"^config key 'model' is 'tiny:0\+nowhere'; its adapter folder 'nowhere' "),
+    ("data.max_length", 0, r"^config key 'data.max_length' is 0; it must be at least 1$"),
+    ("optimizer.learning_rate", float("nan"), r"^config key 'optimizer.learning_rate' is nan; it must be "
+                                              r"finite and at least 0$"),
+    ("data.train_dialogues", -1, r"^config key 'data.train_dialogues' is -1; it must be at least 0$"),
+    ("data.train_dialogues", 1, r"^config key 'data.train_dialogues' gives 1 train dialogues, fewer than one "
+                                r"batch \(train.batch_size = 2\)$"),
+    ("train.eval_every", 0, r"^config key 'train.eval_every' is 0; it must be at least 1$"),
+])
+def test_a_bad_setting_is_one_line_before_any_work(key, value, message):
+    config = tiny_config()
+    config.update_from_flattened_dict({key: value})
+    with pytest.raises(ConfigError, match=message):
         prepare(config)
 
 

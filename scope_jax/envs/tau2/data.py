@@ -1,4 +1,5 @@
-"""Files of the tau2 data folder (`../shared/data/tau2`): each read once, errors naming the file.
+"""Files of the tau2 data folder (`../shared/data/tau2`): each read once, errors naming the file (not a
+config key: the job that catches one names its own).
 
 Layout: domains/NAME/{policy.md, db.json, user_db.json (mock only), tasks.json, split_tasks.json} and
 user_simulator/simulation_guidelines[_tools].md.
@@ -20,8 +21,7 @@ GUIDELINES_WITH_TOOLS = "user_simulator/simulation_guidelines_tools.md"
 def domain_dir(data_dir: str | pathlib.Path, domain: str) -> pathlib.Path:
     path = pathlib.Path(data_dir) / "domains" / domain
     if not path.is_dir():
-        raise Tau2DataError(f"tau2 domain folder {path} is missing (set env.data_dir to the tau2 data "
-                            "folder)")
+        raise Tau2DataError(f"tau2 domain folder {path} is missing")
     return path
 
 
