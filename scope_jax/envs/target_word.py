@@ -10,7 +10,7 @@ example config `experiments/configs/target_word.py`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -32,8 +32,9 @@ class TargetWordEnv:
     def __post_init__(self) -> None:
         if not self.targets:
             raise ValueError("target_word targets is empty; a scenario asks for one of them")
-        if self.max_turns < 1:
-            raise ValueError(f"target_word max_turns is {self.max_turns}; it must be at least 1")
+        turns = self.max_turns  # an int, or a cap per role
+        if (turns.get(self.first_speaker, 0) if isinstance(turns, Mapping) else turns) < 1:
+            raise ValueError(f"target_word max_turns is {turns}; the first speaker's must be at least 1")
 
     @property
     def vocabulary(self) -> tuple[str, ...]:
