@@ -110,8 +110,8 @@ class RunDir:
             began = (path / CONFIG).read_text() if (path / CONFIG).exists() else config_json
             replaced = began != config_json
             if replaced and not overwrite and not _is_json(began):
-                raise RunDirError(f"{path / CONFIG} is damaged (not JSON); restore it to resume the run, or pass "
-                                  "--overwrite to discard the run")
+                raise RunDirError(f"{path / CONFIG} is damaged (not JSON); restore it to resume the run, or "
+                                  "pass --overwrite to discard the run")
             if replaced and not overwrite:
                 raise RunDirError(f"{path} holds an unfinished run of another config; pass --overwrite or "
                                   "choose another --workdir")
@@ -194,8 +194,7 @@ class RunDir:
                 records.append(json.loads(line))
             except json.JSONDecodeError as e:
                 if n != lines[-1][0]:
-                    raise RunDirError(f"{file} line {n} is not a JSON record ({e}); mend or delete that line") \
-                        from e
+                    raise RunDirError(f"{file} line {n} is not a JSON record ({e}); mend or delete it") from e
                 print(f"warning: {file} ends in a line that is not a whole record ({len(line)} characters); "
                       "it is left out", file=sys.stderr)
         return records

@@ -44,7 +44,6 @@ from scope_jax.training import state as joint
 from scope_jax.training.loss import LossConfig, nll_loss
 from scope_jax.training.optimizer import NAMES as OPTIMIZERS
 from scope_jax.training.optimizer import OptimizerConfig, make_optimizer
-from scope_jax.training.players import load_model
 from scope_jax.training.run_dir import RunDir
 from scope_jax.training.sft_data import Buckets, dialogue_view, token_batch, weight_last_reply
 from scope_jax.training.sft_step import SFTStepConfig, compile_sft_step, make_sft_step
@@ -202,7 +201,8 @@ class Trained:
 def train_sft(config, run_dir: RunDir, purpose: str | None) -> Trained:
     """Run (or resume) the SFT steps into `run_dir`; a saved adapter records its data and `purpose`."""
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    graphdef, params, tokenizer = load_model(config.model, dtype=config.dtype, remat=config.remat, mesh=mesh)
+    graphdef, params, tokenizer = players.load_model(config.model, dtype=config.dtype, remat=config.remat,
+                                                     mesh=mesh)
     if config.lora.rank:
         graphdef, params = lora.init(graphdef, params, lora_config(config), seed=config.seed)
     pad_id = tokenizer.pad_token_id or 0

@@ -57,5 +57,5 @@ def test_a_damaged_saved_arm_is_named_with_what_to_do(tmp_path):
     path = tmp_path / "frozen.msgpack"
     arm_store.save_tree(path, {"label": "frozen", "evals": {"reward": np.arange(4.0)}})
     path.write_bytes(path.read_bytes()[:-5])
-    with pytest.raises(RunDirError, match="frozen.msgpack is unreadable .*delete it, and the run computes it"):
+    with pytest.raises(RunDirError, match="frozen.msgpack is unreadable .*delete it, and the run computes"):
         arm_store.restore_tree(path)

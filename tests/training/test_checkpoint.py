@@ -193,7 +193,7 @@ def test_half_written_checkpoint_is_ignored(tmp_path, trained_state):
     assert not partial.exists()
 
 
-def test_a_run_resumed_from_no_checkpoint_or_from_one_drops_the_records_it_logs_again(tmp_path, trained_state):
+def test_a_resumed_run_drops_the_records_it_logs_again_with_a_checkpoint_or_none(tmp_path, trained_state):
     run_dir = RunDir.create(tmp_path / "run", {"a": 1})
     for step in range(3):  # a run killed before its first checkpoint
         run_dir.log(step, {"x": float(step)})

@@ -75,7 +75,7 @@ def test_only_process_0_removes_the_run_that_overwrite_replaces_before_the_proce
     assert met == [process == 1]
 
 
-def test_a_last_metrics_line_cut_short_is_left_out_with_a_warning_and_an_earlier_one_is_named(tmp_path, capsys):
+def test_a_last_metrics_line_cut_short_is_left_out_with_a_warning_an_earlier_one_named(tmp_path, capsys):
     with RunDir.create(tmp_path, CONFIG_DICT) as run:
         for step in range(3):
             run.log(step, {"reward": float(step)})
