@@ -9,8 +9,9 @@ a cluster starts its processes with its own launcher (experiments/launch/).
 The launcher exits with the first failing process's status. A process killed by a signal, or one that
 fails while the others have not ended by themselves `--grace` seconds later, is lost: the launcher prints
 one line naming it, stops the others (SIGTERM, then SIGKILL after `--grace` seconds) and exits with
-status 1, so a lost process never leaves the rest hanging in a collective. (A refused config fails on
-every process at once: process 0 prints its one line, and the launcher adds none.)
+status 1, so a lost process never leaves the rest hanging in a collective. A process killed by a signal
+is the one named even when another failed first (its collective lost the killed one). (A refused config
+fails on every process at once: process 0 prints its one line, and the launcher adds none.)
 """
 
 from __future__ import annotations
