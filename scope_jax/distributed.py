@@ -60,14 +60,19 @@ def initialize() -> None:
 
 
 def _leaving_at_once(excepthook: Callable[..., None]) -> Callable[..., None]:
-    """`excepthook` (which prints the traceback), then `os._exit`: see `exit_with_error`."""
+    """`excepthook` (which prints the traceback), then `_leave`: see `exit_with_error`."""
     def leave(*exc_info) -> None:
         excepthook(*exc_info)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+        _leave()
 
     return leave
+
+
+def _leave() -> NoReturn:
+    """Exit with status 1 now, what was printed flushed, skipping atexit (JAX's shutdown barrier)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def exit_with_error(message: str, *, on_every_process: bool = False) -> NoReturn:
@@ -86,9 +91,7 @@ def exit_with_error(message: str, *, on_every_process: bool = False) -> NoReturn
         print(f"error: {message}", file=sys.stderr)
     elif not on_every_process:
         print(f"error: process {process} of {jax.process_count()}: {message}", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)
+    _leave()
 
 
 @dataclasses.dataclass(frozen=True)
