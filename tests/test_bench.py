@@ -11,7 +11,7 @@ import numpy as np
 
 from experiments.bench.dialogues import (RolloutShape, SyntheticDialogue, reprefilled_reply,
                                          reprefilling_compiles)
-from experiments.bench.profiler import compiled_ops, op_kind
+from experiments.bench.profiler import compiled_ops, dot_instructions, op_kind, op_time_breakdown
 from experiments.bench.rl_step import recompute_logprobs
 from experiments.bench.rollout import full_dialogue_seconds
 from experiments.bench.sampler import decode_step_matrices
@@ -46,6 +46,44 @@ def test_the_decode_breakdown_counts_the_decode_loops_output_head_as_the_head():
     ops = compiled_ops(sampling._decode_jit, *args)
     loop_kinds = {op_kind(name, op) for name, op in ops.items() if "/while/body/" in op}
     assert {"output head", "layer matmuls", "attention"} <= loop_kinds, loop_kinds
+
+
+HLO = """
+%inner (p0: f32[4,8], p1: f32[8,2]) -> f32[4,2] {
+  %p0 = f32[4,8]{1,0} parameter(0)
+  %p1 = f32[8,2]{1,0} parameter(1)
+  ROOT %dot.1 = f32[4,2]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+%outer (q0: f32[4,8], q1: f32[8,2]) -> f32[4] {
+  %q0 = f32[4,8]{1,0} parameter(0)
+  %q1 = f32[8,2]{1,0} parameter(1)
+  %call.1 = f32[4,2]{1,0} call(%q0, %q1), to_apply=%inner
+  %fusion.1 = f32[4,2]{1,0} fusion(%q0, %q1), kind=kCustom, calls=%inner
+  ROOT %reduce.1 = f32[4]{0} reduce(%fusion.1, %q0), dimensions={1}, to_apply=%inner
+}
+%add (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  ROOT %add.1 = f32[4]{0} add(%a, %a)
+}
+ENTRY %main (x: f32[4,8], w: f32[8,2]) -> (f32[4], f32[4]) {
+  %x = f32[4,8]{1,0} parameter(0)
+  %w = f32[8,2]{1,0} parameter(1)
+  %fusion.2 = f32[4]{0} fusion(%x, %w), kind=kLoop, calls=%outer
+  %fusion.3 = f32[4]{0} fusion(%fusion.2), kind=kLoop, calls=%add
+  ROOT %tuple.1 = (f32[4]{0}, f32[4]{0}) tuple(%fusion.2, %fusion.3)
+}
+"""
+
+
+def test_dot_instructions_are_dots_and_fusions_calling_a_computation_that_holds_one():
+    assert dot_instructions(HLO) == {"dot.1", "fusion.1", "fusion.2"}
+
+
+def test_the_step_breakdown_counts_a_matmul_fused_with_a_reduction_as_matmul_time():
+    """XLA:CPU fuses the head's matmul with the max after it and names the fusion reduce_max."""
+    breakdown = op_time_breakdown(jax.jit(lambda x, w: jnp.max(x @ w, axis=-1)), jnp.ones((64, 32)),
+                                  jnp.ones((32, 256)))
+    assert set(breakdown) == {("forward", "matmul")}, breakdown
 
 
 def test_decode_step_matrices_are_the_steps_projections_feature_major():
