@@ -93,9 +93,9 @@ def op_seconds(fn: Callable, *args) -> collections.Counter:
 def op_time_breakdown(fn: Callable, *args) -> dict[tuple[str, str], float]:
     """Seconds of XLA op time by (forward / backward, kind) in one profiled call of jitted `fn`.
 
-    Kinds: "matmul" (dots, and fusions holding one), "transpose/copy" (layout changes, often fused with elementwise
-    work), "other" (elementwise, reductions, slicing). Op times of parallel threads add up, so the
-    total can exceed the wall time.
+    Kinds: "matmul" (dots, and fusions holding one), "transpose/copy" (layout changes, often fused with
+    elementwise work), "other" (elementwise, reductions, slicing). Op times of parallel threads add up, so
+    the total can exceed the wall time.
     """
     seconds = collections.Counter()
     for op in profiled_ops(fn, *args):

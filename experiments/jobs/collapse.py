@@ -13,7 +13,7 @@ import dataclasses
 
 import ml_collections
 
-from scope_jax.algorithms import ADVANTAGES
+from scope_jax.algorithms import ADVANTAGES, GROUP_SIZE
 from scope_jax.config import FINITE_AT_LEAST_0, FINITE_POSITIVE, ConfigError, at_least, one_of, require
 from scope_jax.testbed import arms, data_report, experiment, report, scarce_report
 from scope_jax.testbed.pretrain import PretrainConfig
@@ -76,12 +76,12 @@ def settings(config: ml_collections.ConfigDict) -> experiment.Settings:
 
 
 # A count of 0 (a step count, batch, size or interval) would break the run part-way, after pretraining.
-COUNTS = ("workers", "vs_samples", "rl.steps", "rl.eval_every", "rl.groups", "rl.group_size",
+COUNTS = ("workers", "vs_samples", "rl.steps", "rl.eval_every", "rl.groups",
           "rl.rotation_block", "rl.best_response_every", "pretrain.hidden_size", "pretrain.num_layers",
           "pretrain.batch", "pretrain.vs_batch", "pretrain.agent_steps", "pretrain.sim_steps",
           "pretrain.collapse_steps", "pretrain.selfplay_steps", "data.fit_steps", "data.fit_batch",
           "data.check_every", "data.vs_steps", "data.vs_batch")
-RULES = {**{key: at_least(1) for key in COUNTS},
+RULES = {**{key: at_least(1) for key in COUNTS}, "rl.group_size": GROUP_SIZE,
          "rl.learning_rate": FINITE_AT_LEAST_0, "rl.sim_learning_rate": FINITE_AT_LEAST_0,
          "rl.sim_kl_coef": FINITE_AT_LEAST_0, "rl.advantage": one_of(ADVANTAGES),
          "pretrain.learning_rate": FINITE_AT_LEAST_0, "pretrain.collapse_temperature": FINITE_POSITIVE,

@@ -5,7 +5,7 @@ aggregation mode. Pieces a config chooses by name live in registries (`ADVANTAGE
 `AGGREGATIONS`); an unknown name raises KeyError listing the known ones.
 """
 
-from scope_jax.algorithms.advantages import ADVANTAGES, dr_grpo, grpo, rloo
+from scope_jax.algorithms.advantages import ADVANTAGES, GROUP_SIZE, dr_grpo, grpo, rloo
 from scope_jax.algorithms.aggregation import (
     AGGREGATIONS,
     seq_mean_token_mean,
@@ -19,6 +19,7 @@ from scope_jax.algorithms.registry import Registry, register
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
+    "GROUP_SIZE",
     "KL_ESTIMATORS",
     "Registry",
     "clipped_policy_loss",

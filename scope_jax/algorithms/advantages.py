@@ -10,13 +10,19 @@ A group of one rollout, and a group whose rewards are all equal, gets advantage 
 
 from __future__ import annotations
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
 
 from scope_jax.algorithms.registry import Registry, register
+from scope_jax.config import at_least
 
 ADVANTAGES = Registry("advantage estimator")
+# the config rule for a group's size: every estimator here is group-relative
+GROUP_SIZE = dataclasses.replace(at_least(2), what="at least 2: a group of one rollout gets advantage 0 from "
+                                 "every (group-relative) advantage estimator")
 
 
 def _group_sum(values: jax.Array, group_ids: jax.Array, num_groups: int) -> jax.Array:

@@ -90,5 +90,5 @@ class ArmStore:
         for record in records:
             counts[arm_of(record)] = counts.get(arm_of(record), 0) + 1
         complete = {name for name, result in finished.items() if counts.get(name) == result.records}
-        self.run_dir.keep_metrics(lambda record: arm_of(record) in complete)
+        self.run_dir.keep_metrics(lambda record: arm_of(record) in complete, records)
         return complete

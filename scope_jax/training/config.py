@@ -17,7 +17,7 @@ import jax
 import ml_collections
 
 from scope_jax import distributed, envs, sharding
-from scope_jax.algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS
+from scope_jax.algorithms import ADVANTAGES, AGGREGATIONS, GROUP_SIZE, KL_ESTIMATORS
 from scope_jax.config import (FINITE, FINITE_AT_LEAST_0, PROBABILITY, ConfigError, Rule, at_least, one_of,
                               require)
 from scope_jax.dialogue.environment import Environment
@@ -101,9 +101,7 @@ def schema(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 RULES: dict[str, Rule] = {
     "train.steps": at_least(1), "train.microbatches": at_least(1), "train.eval_every": at_least(0),
     "rollout.groups": at_least(1), "rollout.shards": at_least(1),
-    # every estimator of ADVANTAGES (scope_jax/algorithms/advantages.py) is group-relative
-    "rollout.group_size": dataclasses.replace(at_least(2), what="at least 2: a group of one rollout gets "
-                                              "advantage 0 from every (group-relative) algo.advantage"),
+    "rollout.group_size": GROUP_SIZE,
     "algo.advantage": one_of(ADVANTAGES), "algo.aggregation": one_of(AGGREGATIONS),
     "algo.kl_estimator": one_of(KL_ESTIMATORS), "agent.dtype": one_of(players.DTYPES),
     "optimizer.name": one_of(OPTIMIZERS),

@@ -154,12 +154,14 @@ class RunDir:
             self._tb = SummaryWriter(str(self.path / TENSORBOARD), filename_suffix=f".{time.time_ns()}")
         return self._tb
 
-    def keep_metrics(self, keep: Callable[[dict[str, Any]], bool]) -> None:
+    def keep_metrics(self, keep: Callable[[dict[str, Any]], bool],
+                     records: list[dict[str, Any]] | None = None) -> None:
         """Keep the records `keep` accepts, in metrics.jsonl and in the tensorboard events (rewritten from
-        the records kept): a resumed run logs the others again."""
+        the records kept): a resumed run logs the others again. `records`: `read_metrics()`, where the
+        caller has read it already."""
         if not self.primary or not (self.path / METRICS).exists():
             return
-        kept = [record for record in self.read_metrics() if keep(record)]
+        kept = [record for record in (self.read_metrics() if records is None else records) if keep(record)]
         write_whole(self.path / METRICS, "".join(json.dumps(record) + "\n" for record in kept))
         self.close()
         shutil.rmtree(self.path / TENSORBOARD, ignore_errors=True)

@@ -57,7 +57,7 @@ def test_the_quick_config_passes_its_check():
     ("rl.eval_every", 0, "at least 1"),  # was a ZeroDivisionError in the check
     ("rl.steps", 0, "at least 1"),  # was an IndexError after pretraining
     ("rl.groups", 0, "at least 1"),
-    ("rl.group_size", 0, "at least 1"),
+    ("rl.group_size", 1, "at least 2"),  # every advantage 0: the RL would learn nothing
     ("pretrain.agent_steps", 0, "at least 1"),
     ("pretrain.batch", 0, "at least 1"),
     ("data.check_every", 0, "at least 1"),

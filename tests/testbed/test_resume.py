@@ -59,3 +59,18 @@ def test_a_damaged_saved_arm_is_named_with_what_to_do(tmp_path):
     path.write_bytes(path.read_bytes()[:-5])
     with pytest.raises(RunDirError, match="frozen.msgpack is unreadable .*delete it, and the run computes"):
         arm_store.restore_tree(path)
+
+
+def test_a_cut_short_last_record_is_warned_about_once_and_the_complete_arms_kept(tmp_path, capsys):
+    result = arm_store.ArmResult("Frozen", {"reward": np.zeros((1, 2))}, np.array([0]),
+                                 {"value": np.zeros((1, 1))}, 1.0)
+    with RunDir.create(tmp_path, {"test": "logged"}) as run_dir:
+        for name in ("frozen", "cotrain"):
+            arm_store.log_arm(name, result, [0], lambda arm, step, metrics: run_dir.log(step, metrics,
+                                                                                       prefix=f"{arm}/"))
+    whole = (tmp_path / METRICS).read_text()
+    (tmp_path / METRICS).write_text(whole[:-10])  # stopped while writing cotrain's last record
+    logged = arm_store.ArmStore(RunDir(tmp_path)).logged({"frozen": result, "cotrain": result})
+    assert logged == {"frozen"}
+    assert capsys.readouterr().err.count("ends in a line that is not a whole record") == 1
+    assert {_arm_of(json.loads(line)) for line in (tmp_path / METRICS).read_text().splitlines()} == {"frozen"}
