@@ -10,8 +10,9 @@ models whose template has none (SmolLM2's; see `prompts.tools_text`). The parser
   - a message that is nothing but such an object (optionally fenced), without the tags.
 A `<tool_call>` block that still cannot be read is a parse failure: counted, with its reason, and
 left out of the calls. So is a call whose name or arguments hold a string that is not UTF-8 text (a
-JSON escape such as `\\ud800` decodes to a lone surrogate, which tokenizers reject), and an untagged
-object with a "name" key that is no call (its text stays the content). The message's `content` is its
+JSON escape such as `\\ud800` decodes to a lone surrogate, which tokenizers reject), an untagged
+object with a "name" key that is no call, and an untagged message that is one unreadable object with a
+"name" key (the text of both stays the content). The message's `content` is its
 text outside all tool-call blocks.
 """
 
@@ -28,6 +29,7 @@ from scope_jax.envs.tau2.toolkit import ASSISTANT, ToolCall
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.S)
 _FENCE = re.compile(r"^\s*```(?:json|python)?\s*(.*?)\s*```\s*$", re.S)
+_NAMES_A_TOOL = re.compile(r"""\{.*["']name["']\s*:.*\}$""", re.S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +121,10 @@ def parse_tool_calls(text: str, next_id: Callable[[], str], requestor: str = ASS
         whole = _FENCE.match(text)
         body = (whole.group(1) if whole else text).strip()
         obj = loads_object(body) if body.startswith("{") and body.endswith("}") else None
-        call, why = _call(obj, requestor, "") if obj is not None and "name" in obj else (None, "")
+        if obj is not None:
+            call, why = _call(obj, requestor, "") if "name" in obj else (None, "")
+        else:  # a whole object that names a tool but does not parse is a failed call
+            call, why = None, "no JSON object" if _NAMES_A_TOOL.match(body) else ""
         if call is not None:
             calls.append(dataclasses.replace(call, id=next_id()))
         elif why:

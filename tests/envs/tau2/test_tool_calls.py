@@ -68,6 +68,12 @@ CASES = [
     ('{"name": "get_order_details", "arguments": [1]}', [],
      '{"name": "get_order_details", "arguments": [1]}', 1),
     ('{"name": "", "arguments": {}}', [], '{"name": "", "arguments": {}}', 1),
+    # an untagged object that names a tool but does not parse: counted, and its text stays the content
+    ('{"name": "get_order_details" "arguments": {}}', [], '{"name": "get_order_details" "arguments": {}}', 1),
+    ("{'arguments': {}, 'name': get_order_details}", [], "{'arguments': {}, 'name': get_order_details}", 1),
+    ('{"name": "f", "arguments": {"a": ' + "9" * 5000 + "}}", [], '{"name": "f", "arguments": {"a": '
+     + "9" * 5000 + "}}", 1),
+    ('{"order": "#W1" "status": "pending"}', [], '{"order": "#W1" "status": "pending"}', 0),  # no name: text
 ]
 
 
