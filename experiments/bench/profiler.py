@@ -58,7 +58,6 @@ def op_kind(name: str, op: str) -> str:
     return next(matches, "other")
 
 
-
 class ProfiledOp(NamedTuple):
     instruction: str
     op: str  # the jax op name
