@@ -83,7 +83,9 @@ def exit_with_error(message: str, *, on_every_process: bool = False) -> NoReturn
     them, so the job would hang. They are then stopped by experiments.launch_local, or on a cluster by the
     coordination service after HEARTBEAT_TIMEOUT_S. The line names the process (`error: process 1 of 2:
     ...`), except that process 0 alone says an error every process meets alike (`on_every_process`: a
-    refused config)."""
+    refused config). Such an error the processes leave together, through JAX's shutdown barrier: process 0
+    hosts the coordination service, and a process still on its way to the error when the service went
+    away would be aborted by it."""
     if jax.process_count() == 1:
         sys.exit(f"error: {message}")
     process = jax.process_index()
@@ -91,6 +93,9 @@ def exit_with_error(message: str, *, on_every_process: bool = False) -> NoReturn
         print(f"error: {message}", file=sys.stderr)
     elif not on_every_process:
         print(f"error: process {process} of {jax.process_count()}: {message}", file=sys.stderr)
+    if on_every_process:
+        sys.stderr.flush()
+        jax.distributed.shutdown()
     _leave()
 
 

@@ -139,6 +139,16 @@ def test_a_process_that_meets_an_error_alone_says_it_and_the_job_ends(error):
     assert said in err.splitlines(), err
 
 
+def test_an_error_every_process_meets_is_said_once_and_the_late_process_is_not_aborted():
+    # Process 0 hosts the coordination service: had it left at once, process 1, still on its way to the
+    # same error, would have been aborted by the service (SIGABRT) and named as killed by the launcher.
+    job = two_processes("tests.training.distributed_error", "--error=config", grace=1)
+    _, err = ended_within(job, ERROR_BOUND_S)
+    assert job.returncode == 1
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [f"error: {MESSAGE}"], err
+    assert "Check failure" not in err and "Fatal Python error" not in err, err
+
+
 @pytest.mark.parametrize("options, expected", [
     (["--processes=abc"], "argument --processes: invalid int value: 'abc'"),
     (["--processes=2", "--grace=nan"], "--grace is nan; it must be a finite number of seconds, at least 0"),
