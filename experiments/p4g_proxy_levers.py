@@ -1,18 +1,20 @@
 """What each lever of the judge's recipe did (issue 32, part 3), gathered from its runs:
 
     python -m experiments.p4g_proxy_levers --recipe DIR --lever NAME=DIR [--lever NAME=DIR ...]
+    python -m experiments.p4g_proxy_levers --rescore    # the committed runs, scored by today's reader
 
 Each DIR is one run of `experiments/configs/p4g_proxy.py` (the lever's settings given on its command line,
 e.g. `--config.train.last_reply_weight=7.0`; a lever may play the proxy arm alone,
 `--config.fidelity.arms="('proxy',)"`). `--recipe` is the run of `p4g_proxy.py:recipe`. For each run:
 the settings it changed from the recipe (read from the two config.json; a key a run predates has the
 recipe's value, `p4g_proxy.py:recipe`), its last held-out NLL
-(metrics.jsonl), and its proxy's fidelity on the held-out participants (dialogues.jsonl): the statistics
+(metrics.jsonl), and its proxy's fidelity on the held-out participants (dialogues.jsonl, each donation
+read from its text by today's reader, `p4g_proxy.read_donation`): the statistics
 with bootstrap intervals, the human floor at its sizes, and the goals met (`p4g_proxy.GOALS`); for a lever,
 its change from the recipe, paired by participant (the same bootstrap resamples for both). Written to
 docs/results/p4g_proxy/levers/: levers.json, levers.md (the table, from levers.json alone) and each run's
 summary.md and gzipped dialogues (NAME/, the recipe's in recipe/: they stay when another run becomes the
-judge).
+judge). `--rescore` writes levers.json and levers.md again from the committed runs alone (`rescored`).
 """
 
 from __future__ import annotations
@@ -69,25 +71,43 @@ def gather(recipe: pathlib.Path, levers: dict[str, pathlib.Path]) -> dict[str, A
     """levers.json's content: the recipe's and each lever's record."""
     runs = {"recipe": recipe, **levers}
     configs = {name: json.loads((run / "config.json").read_text()) for name, run in runs.items()}
-    scored = {name: p4g_proxy.scored_transcripts(dialogues_file(run)) for name, run in runs.items()}
-    own = scored["recipe"][1]
-    for name, (_, theirs, _) in scored.items():
+    settings = {name: {"changed": changed_settings(configs["recipe"], configs[name]),
+                       "heldout_nll": last_heldout_nll(run)} for name, run in runs.items()}
+    dialogues = {name: dialogues_file(run) for name, run in runs.items()}
+    return scored(settings, dialogues, ml_collections.ConfigDict(configs["recipe"]))
+
+
+def rescored(data_dir: str | None = None) -> dict[str, Any]:
+    """levers.json's content again from the committed runs (RESULTS): their recorded settings and held-out
+    NLLs, their dialogues scored by today's donation reader, with the recipe's config
+    (`p4g_proxy.py:recipe`; `data_dir` overrides its data folder)."""
+    committed = json.loads((RESULTS / "levers.json").read_text())
+    settings = {name: {key: r[key] for key in ("changed", "heldout_nll")} for name, r in committed.items()}
+    config = get_config("recipe")
+    if data_dir is not None:
+        config.data.data_dir = data_dir
+    return scored(settings, {name: RESULTS / name / "dialogues.jsonl.gz" for name in committed}, config)
+
+
+def scored(settings: dict[str, dict], dialogues: dict[str, pathlib.Path],
+           config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """Each run's record: its `settings` (changed settings and held-out NLL), its proxy's fidelity scored
+    from its `dialogues`, the goals met and, for a lever, its paired change from the recipe's."""
+    transcripts = {name: p4g_proxy.scored_transcripts(path) for name, path in dialogues.items()}
+    own = transcripts["recipe"][1]
+    for name, (_, theirs, _) in transcripts.items():
         if not np.array_equal(theirs, own):
             raise SystemExit(f"p4g_proxy_levers: {name}'s dialogues are not of the recipe's participants")
-    donations = {name: arms["proxy"] for name, (arms, _, _) in scored.items()}
-    config = ml_collections.ConfigDict(configs["recipe"])
+    donations = {name: arms["proxy"] for name, (arms, _, _) in transcripts.items()}
     env, _, _ = p4g_proxy.heldout_cases(config)
     others, ceiling = p4g_proxy.references(config, env)
     seed = config.seed
     indices = fs.resamples(len(own), np.random.default_rng([seed, 5]))  # fidelity_results' resamples
     results = {}
-    for name, run in runs.items():
+    for name in dialogues:
         fidelity = p4g_proxy.fidelity_results({"proxy": donations[name]}, own, others, ceiling, seed)
         proxy = fidelity["arms"]["proxy"]
-        results[name] = {
-            "changed": changed_settings(configs["recipe"], configs[name]),
-            "heldout_nll": last_heldout_nll(run), "proxy": proxy,
-            "goals_met": p4g_proxy.goals_met(proxy)}
+        results[name] = {**settings[name], "proxy": proxy, "goals_met": p4g_proxy.goals_met(proxy)}
         if name != "recipe":
             results[name]["vs_recipe"] = fs.bootstrap(paired_change, indices, donations[name],
                                                       donations["recipe"], own)
@@ -147,10 +167,19 @@ def table(results: dict[str, dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", required=True, help="the run directory of the recipe as committed")
-    parser.add_argument("--lever", action="append", required=True, metavar="NAME=DIR",
+    parser.add_argument("--recipe", help="the run directory of the recipe as committed")
+    parser.add_argument("--lever", action="append", default=[], metavar="NAME=DIR",
                         help="a lever's name and run directory (repeatable)")
+    parser.add_argument("--rescore", action="store_true",
+                        help="no runs: the committed table again from the committed dialogues (`rescored`)")
     args = parser.parse_args(argv)
+    if args.rescore:
+        if args.recipe or args.lever:
+            parser.error("--rescore takes no --recipe or --lever: it scores the committed runs")
+        write_table(rescored())
+        return
+    if not (args.recipe and args.lever):
+        parser.error("give --recipe and at least one --lever (or --rescore)")
     levers = {}
     for spec in args.lever:
         name, sep, run = spec.partition("=")
@@ -167,6 +196,10 @@ def main(argv: list[str] | None = None) -> None:
         with (gzip.open if source.suffix == ".gz" else open)(source, "rb") as f, \
                 gzip.GzipFile(RESULTS / name / "dialogues.jsonl.gz", "wb", mtime=0) as out:  # same bytes
             shutil.copyfileobj(f, out)
+    write_table(results)
+
+
+def write_table(results: dict[str, dict]) -> None:
     (RESULTS / "levers.json").write_text(json.dumps(results, indent=1) + "\n")
     (RESULTS / "levers.md").write_text(table(results) + "\n")
     print(table(results))

@@ -1,11 +1,10 @@
 """experiments/p4g_proxy_levers.py: a lever's changed settings are read from the configs, its change from
 the recipe is paired by participant (a lever that plays what the recipe played changes nothing; one whose
-every answer is unreadable changes the unreadable share by exactly what the recipe had left), and the
-committed table is its records'."""
+persuadee never states a readable amount changes the unreadable share by exactly what the recipe had
+left), and the committed table is its records' and its dialogues' as today's reader reads them."""
 
 import gzip
 import json
-import math
 import pathlib
 
 import pytest
@@ -39,8 +38,9 @@ def test_a_lever_is_compared_with_the_recipe_participant_by_participant(tmp_path
     config.fidelity.arms = ("proxy",)
     proxy = [d for d in played if d["arm"] == "proxy"]
     same = write_run(tmp_path / "same", config, proxy)
-    mute = write_run(tmp_path / "mute", config, [{**d, "rewards": {**d["rewards"], "donation": math.nan}}
-                                                 for d in proxy])
+    mute = write_run(tmp_path / "mute", config, [
+        {**d, "messages": [{**m, "text": "..."} if m["role"] == "sim" else m for m in d["messages"]]}
+        for d in proxy])
     results = levers.gather(recipe, {"same": same, "mute": mute})
     assert results["recipe"]["changed"] == {}
     assert results["same"]["changed"] == {"train.last_reply_weight": [1.0, 7.0]}
@@ -52,6 +52,15 @@ def test_a_lever_is_compared_with_the_recipe_participant_by_participant(tmp_path
         1 - committed["unreadable"]["value"])
     assert results["mute"]["proxy"]["unreadable"]["value"] == 1.0
     assert "| same | `train.last_reply_weight` 1.0 -> 7.0 | 2.5000 |" in levers.table(results)
+
+
+def test_the_committed_dialogues_rescored_give_the_committed_lever_table():
+    """`--rescore`: the committed table is a function of the committed runs' dialogues, as today's donation
+    reader reads them, and of their recorded settings and held-out NLLs."""
+    if not (DATA / "FullData" / "full_dialog.csv").exists():
+        pytest.skip(f"P4G data folder absent ({DATA})")
+    committed = json.loads((levers.RESULTS / "levers.json").read_text())
+    assert json.loads(json.dumps(levers.rescored(str(DATA)))) == committed
 
 
 def test_the_committed_lever_table_is_its_records():

@@ -19,7 +19,8 @@ closing question if no amount was stated):
 
 Both arms use the same cases, persuader turns and sampling keys. With `transcripts` set to a
 dialogues.jsonl of this job, nothing is played: its arms are scored (all of a participant's dialogues,
-as the run that wrote them scored them); with `fidelity.arms` empty, only the references are written.
+each read from its text by today's donation reader); with `fidelity.arms` empty, only the references are
+written.
 The statistics, their bootstrap intervals over participants, the human floors and the traits-only ceiling
 (a ridge regression fitted on the judge split's people) are `envs.p4g_fidelity_stats`'. Outputs:
 fidelity.json, fidelity.md (the table), figures/donations.png, dialogues.jsonl, and summary.md.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import operator
 import pathlib
 from typing import Callable
@@ -39,12 +41,13 @@ import numpy as np
 
 from experiments.jobs import p4g_fidelity, sft as sft_job
 from scope_jax.config import ConfigError
-from scope_jax.dialogue.episode import AGENT, SIM, Episode
+from scope_jax.dialogue.episode import AGENT, SIM, Episode, Message
 from scope_jax.dialogue.rollout import rollout
 from scope_jax.dialogue.speakers import ModelSpeaker, Player, ScriptedSpeaker
 from scope_jax.dialogue.transcript import transcript
 from scope_jax.envs import p4g_fidelity_stats as fs
-from scope_jax.envs.p4g import CLOSING_QUESTION, P4GEnv
+from scope_jax.envs.p4g import CLOSING_QUESTION, P4GEnv, stated_donation
+from scope_jax.envs.p4g_donations import readable
 from scope_jax.envs.p4g_human import HumanDialogues
 from scope_jax.models import lora
 from scope_jax.sampling import SamplingConfig
@@ -238,17 +241,31 @@ def references(config, env: P4GEnv) -> tuple[np.ndarray, dict]:
     return others, ceiling
 
 
+def read_donation(record: dict) -> float:
+    """The donation a dialogue record's text states, read by today's reader (`p4g.stated_donation`; NaN if
+    none is readable): not the reward its run recorded, so that a change of the reader shows in every
+    rescored table."""
+    messages = [Message(m["role"], m["text"]) for m in record["messages"]]
+    donation = stated_donation(Episode(record["scenario"], record["group"], messages=messages))
+    return donation if readable(donation) else math.nan
+
+
 def scored_transcripts(path: pathlib.Path) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
     """({arm: donations [n, k]}, own [n], the file's dialogue count) of a dialogues.jsonl: every dialogue of
-    each participant, in file order (this job writes them sample-major, so [:, j] is sample j); people in the
-    order of the file's first arm. ValueError if an arm has other people, or not k dialogues of each."""
+    each participant, in file order (this job writes them sample-major, so [:, j] is sample j), its donation
+    read from its text (`read_donation`); people in the order of the file's first arm. ValueError if a record
+    lacks a key this job writes, if an arm has other people, or not k dialogues of each."""
     with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
         records = [json.loads(line) for line in f]
     arms: dict[str, dict[str, list[float]]] = {}
     own: dict[str, float] = {}
-    for r in records:
-        arms.setdefault(r["arm"], {}).setdefault(r["scenario"], []).append(r["rewards"]["donation"])
-        own.setdefault(r["scenario"], r["human_donation"])
+    for line, r in enumerate(records, 1):
+        try:
+            arms.setdefault(r["arm"], {}).setdefault(r["scenario"], []).append(read_donation(r))
+            own.setdefault(r["scenario"], r["human_donation"])
+        except KeyError as error:
+            raise ValueError(f"{path.name}: line {line} has no {error}: not a dialogue record of this job") \
+                from None
     people = list(next(iter(arms.values())))
     for arm, found in arms.items():
         counts = {len(d) for d in found.values()}

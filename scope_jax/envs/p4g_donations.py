@@ -2,17 +2,18 @@
 
 Three outcomes: an amount (a statement of this person's donation, $0 to MAX_DONATION), UNREADABLE (a
 statement of a donation whose amount cannot be taken as one: above MAX_DONATION, below $0 ("-$1",
-"$-1", "minus one dollar", "negative 50 cents"), in scientific notation ("$1e5"), or only an example,
-"I'd give, say, $1"), and None (no statement of a donation). UNREADABLE is NaN, so that statistics over
-donations can leave it out.
+"$-1", "minus one dollar", "negative 50 cents"), in scientific notation ("$1e5"), a range or
+alternatives ("0 to 2 dollars", "$1 or $1.25", "$0.50-$1", "a dollar or two", "$2 minus 50 cents"), or
+only an example, "I'd give, say, $1"), and None (no statement of a donation). UNREADABLE is NaN, so that
+statistics over donations can leave it out.
 
 A statement is a donation word (donate, give, contribute, pledge, offer, spare, chip in, make it, ...)
 followed within a few words of the same clause by an amount: "$1.50", "$.50", "1 dollar", "50 cents",
 "50c", "a dollar", "fifty cents", "a dollar fifty", "1 dollar and 50 cents", "nothing". Amounts that are
 not the donation are skipped: negated statements ("I won't give $1"), someone else's ("would you give
 $1?", "you asked me to donate $1"), offers that match the partner's own donation ("if you give $1, I'll
-give $1 too"), stories ("I gave $5 last week"), and amounts after "of / from / than / out" ("half of
-my $2", "more than $1"). The last statement in a text wins.
+give $1 too"), stories ("I gave $5 last week"), habits ("I usually donate $1"), and amounts after
+"of / from / than / out" ("half of my $2", "more than $1"). The last statement in a text wins.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ _TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "sev
          "ninety": 90}
 _WORD_NUMBERS = {**{w: i for i, w in enumerate(_ONES)}, **_TENS}
 _ZERO = {"nothing", "none"}
+# between two amounts, or a number and an amount, they make a range or alternatives, not one donation
+_RANGE_WORDS = {"to", "or", "and", "-", "minus", "plus"}
+_HABITUAL = {"usually", "normally", "often", "sometimes", "typically", "generally", "regularly"}
 WINDOW = 6  # an amount counts for a donation verb when it starts within this many words after it
 
 
@@ -138,14 +142,15 @@ def _clause_donation(words: list[str]) -> float | None:
     found = None
     for i in range(len(words)):
         length = _verb_length(words, i)
-        if not length or _negated(words[:i]) or _by_someone_else(words[:i]):
+        if not length or _negated(words[:i]) or _by_someone_else(words[:i]) or _HABITUAL & set(words[:i]):
             continue
         after = i + length
         for start in range(after, min(after + WINDOW, len(words))):
             amount = _amount(words, start)
             if amount is not None:
                 if not _of_something_else(words[i:start]):
-                    found = UNREADABLE if "say" in words[after:start] else amount[0]
+                    vague = "say" in words[after:start] or _in_range(words, start, start + amount[1], amount[0])
+                    found = UNREADABLE if vague else amount[0]
                 break
     return found
 
@@ -173,6 +178,25 @@ def _by_someone_else(before: list[str]) -> bool:
     subjects = [w for j, w in enumerate(before) if (w in _OTHERS or w in _SELF)
                 and not (w == "me" and j and before[j - 1] in _REQUESTS)]
     return bool(subjects) and subjects[-1] in _OTHERS
+
+
+def _in_range(words: list[str], start: int, end: int, dollars: float) -> bool:
+    """Whether the amount of `dollars` in words[start:end] is one end of a range or one of alternatives: a
+    different number or amount right before or after it, alone or across "to", "or", "and", "-", "minus",
+    "plus" ("0 to 2 dollars", "1-2 dollars", "$1 or $1.25"); a bare number after it only at the clause's end
+    ("a dollar or two", but "$1 to 2 charities" is $1). The same amount again is a restatement ("$0.20
+    (twenty cents)", "donate 2 ($2)")."""
+    def differs(value: float) -> bool:
+        return not any(math.isclose(value, same) for same in (dollars, dollars * 100))
+
+    other = start - 1 - (words[start - 1] in _RANGE_WORDS)
+    number = _number_at(words[other:other + 1], 0)
+    if number is not None and differs(number[0]):
+        return True
+    other = end + (end < len(words) and words[end] in _RANGE_WORDS)
+    amount = _amount(words, other) if other < len(words) else None
+    number = _number_at(words, other) if other + 1 == len(words) else None
+    return any(found is not None and differs(found[0]) for found in (amount, number))
 
 
 def _of_something_else(lead: list[str]) -> bool:

@@ -68,6 +68,17 @@ STATEMENTS = [
     ("I can give negative 50 cents.", UNREADABLE),
     ("I'll donate $1e5", UNREADABLE),
     ("I'll donate $1.5E-1.", UNREADABLE),
+    # a range or alternatives: no one amount
+    ("It says that I can donate 0 to 2 dollars", UNREADABLE),
+    ("I think I'll probably donate $1 or $1.25", UNREADABLE),
+    ("I'll donate $0.50-$1.", UNREADABLE),
+    ("I'll donate 1-2 dollars.", UNREADABLE),
+    ("I can give one or two dollars", UNREADABLE),
+    ("I can give a dollar or two", UNREADABLE),
+    ("I'll give between $1 and $2.", UNREADABLE),
+    ("I'll donate $2 minus 50 cents.", UNREADABLE),
+    ("I'll donate $1 to 2 charities.", 1.0),
+    ("I'll donate $1 and that's final.", 1.0),
     # dashes and hyphens that are no minus sign
     ("I'll give $1 - that's it.", 1.0),
     ("I'll donate--$1.", 1.0),
@@ -115,6 +126,10 @@ STATEMENTS = [
     ("I gave $5 to a homeless man last week.", None),
     ("I donated $20 to the Red Cross two years ago.", None),
     ("I used to give $1 to my church.", None),
+    # habits
+    ("I usually donate $1.00 or $2.00 at restaurants", None),
+    ("I normally give $1 at the checkout, but today I'll give 50 cents.", 0.5),
+    ("I often donate $2. I'll donate $1 today.", 1.0),
     # no amount at all
     ("I'd love to donate!", None),
     ("How much should I donate?", None),

@@ -115,8 +115,8 @@ def test_the_committed_dialogues_rescored_give_the_committed_table(tmp_path):
 
 def test_transcripts_with_uneven_dialogues_are_refused_in_one_line(tmp_path):
     def record(arm: str, person: str) -> str:
-        return json.dumps({"arm": arm, "scenario": person, "human_donation": 0.5,
-                           "rewards": {"donation": 1.0}})
+        return json.dumps({"arm": arm, "scenario": person, "group": 0, "human_donation": 0.5,
+                           "messages": [{"role": "sim", "text": "I'll donate $1."}]})
 
     path = tmp_path / "dialogues.jsonl"
     refused = r"^dialogues.jsonl: arm 'proxy' does not hold the same number of dialogues of the same 2 " \
@@ -129,7 +129,10 @@ def test_transcripts_with_uneven_dialogues_are_refused_in_one_line(tmp_path):
             p4g_proxy.scored_transcripts(path)
     path.write_text("\n".join(prompted + [record("proxy", "a"), record("proxy", "b")]) + "\n")
     arms, own, count = p4g_proxy.scored_transcripts(path)
-    assert arms["proxy"].shape == (2, 1) and own.tolist() == [0.5, 0.5] and count == 4
+    assert arms["proxy"].tolist() == [[1.0], [1.0]] and own.tolist() == [0.5, 0.5] and count == 4
+    path.write_text(json.dumps({"arm": "prompted", "scenario": "a", "human_donation": 0.5}) + "\n")
+    with pytest.raises(ValueError, match=r"^dialogues.jsonl: line 1 has no 'messages': not a dialogue record"):
+        p4g_proxy.scored_transcripts(path)
 
 
 def test_the_committed_references_are_their_records_and_what_the_data_gives():
