@@ -138,7 +138,7 @@ def _matches_someone_else(words: list[str]) -> bool:
 
 
 def _clause_donation(words: list[str]) -> float | None:
-    """The last donation stated in one clause's words (UNREADABLE for an amount given only as an example)."""
+    """The last donation stated in one clause's words (UNREADABLE for an example or a range's end)."""
     found = None
     for i in range(len(words)):
         length = _verb_length(words, i)
@@ -149,8 +149,9 @@ def _clause_donation(words: list[str]) -> float | None:
             amount = _amount(words, start)
             if amount is not None:
                 if not _of_something_else(words[i:start]):
-                    vague = "say" in words[after:start] or _in_range(words, start, start + amount[1], amount[0])
-                    found = UNREADABLE if vague else amount[0]
+                    dollars, used = amount
+                    vague = "say" in words[after:start] or _in_range(words, start, start + used, dollars)
+                    found = UNREADABLE if vague else dollars
                 break
     return found
 

@@ -131,7 +131,7 @@ def test_transcripts_with_uneven_dialogues_are_refused_in_one_line(tmp_path):
     arms, own, count = p4g_proxy.scored_transcripts(path)
     assert arms["proxy"].tolist() == [[1.0], [1.0]] and own.tolist() == [0.5, 0.5] and count == 4
     path.write_text(json.dumps({"arm": "prompted", "scenario": "a", "human_donation": 0.5}) + "\n")
-    with pytest.raises(ValueError, match=r"^dialogues.jsonl: line 1 has no 'messages': not a dialogue record"):
+    with pytest.raises(ValueError, match=r"^dialogues.jsonl: line 1 has no 'messages': not a dialogue"):
         p4g_proxy.scored_transcripts(path)
 
 
