@@ -79,6 +79,9 @@ STATEMENTS = [
     ("I'll donate $2 minus 50 cents.", UNREADABLE),
     ("I'll donate $1 to 2 charities.", 1.0),
     ("I'll donate $1 and that's final.", 1.0),
+    ("Ok, I'll make a donation of $0.20 (twenty cents).", 0.2),  # the same amount restated
+    ("I would be glad to donate 2 ($2)", 2.0),
+    ("I will donate .10    ten cents", 0.1),
     # dashes and hyphens that are no minus sign
     ("I'll give $1 - that's it.", 1.0),
     ("I'll donate--$1.", 1.0),
