@@ -11,7 +11,8 @@ import numpy as np
 
 from experiments.bench.dialogues import (RolloutShape, SyntheticDialogue, reprefilled_reply,
                                          reprefilling_compiles)
-from experiments.bench.profiler import compiled_ops, dot_instructions, op_kind, op_time_breakdown
+from experiments.bench.profiler import (ProfiledOp, compiled_ops, dot_instructions, idle_seconds,
+                                       instruction_ops, op_kind, op_time_breakdown)
 from experiments.bench.rl_step import recompute_logprobs
 from experiments.bench.rollout import full_dialogue_seconds
 from experiments.bench.sampler import decode_step_matrices
@@ -83,7 +84,40 @@ def test_the_step_breakdown_counts_a_matmul_fused_with_a_reduction_as_matmul_tim
     """XLA:CPU fuses the head's matmul with the max after it and names the fusion reduce_max."""
     breakdown = op_time_breakdown(jax.jit(lambda x, w: jnp.max(x @ w, axis=-1)), jnp.ones((64, 32)),
                                   jnp.ones((32, 256)))
-    assert set(breakdown) == {("forward", "matmul")}, breakdown
+    assert set(breakdown.seconds) == {("forward", "matmul")}, breakdown
+
+
+NAMED_HLO = """
+%body (p: f32[4]) -> f32[4] {
+  %p = f32[4]{0} parameter(0)
+  ROOT %fusion.7 = f32[4]{0} fusion(%p), kind=kCustom, calls=%inner
+}
+%inner (q: f32[4]) -> f32[4] {
+  %q = f32[4]{0} parameter(0)
+  ROOT %exp.1 = f32[4]{0} exponential(%q), metadata={op_name="jit(f)/exp"}
+}
+ENTRY %main (x: f32[4]) -> f32[4] {
+  %x = f32[4]{0} parameter(0)
+  %wrapped_broadcast.1 = f32[4]{0} fusion(%x), kind=kLoop, calls=%inner
+  ROOT %while.1 = f32[4] while(%x), condition=%inner, body=%body, metadata={op_name="jit(f)/transpose(jvp())"}
+}
+"""
+
+
+def test_an_instruction_without_an_op_name_takes_its_callers_and_one_in_the_entry_gets_none():
+    """XLA drops the op names of the fusions it makes inside loops (the attention's matmuls among them):
+    without the caller's name they fell out of the breakdown."""
+    ops = instruction_ops(NAMED_HLO)
+    assert ops["exp.1"] == "jit(f)/exp"  # its own name wins over its caller's
+    assert ops["fusion.7"] == ops["p"] == "jit(f)/transpose(jvp())"  # in the body the while calls
+    assert ops["wrapped_broadcast.1"] == "" and ops["x"] == ""
+
+
+def test_idle_time_is_the_span_less_the_union_of_the_ops():
+    op = lambda start, seconds: ProfiledOp("i", "o", False, start, seconds)
+    # [0, 2] and [1, 3] overlap (busy 3 s), [5, 6] after a 2 s gap, [5.5, 5.7] inside it
+    assert idle_seconds([op(5.0, 1.0), op(0.0, 2.0), op(5.5, 0.2), op(1.0, 2.0)]) == (6.0, 2.0)
+    assert idle_seconds([op(0.0, 4.0), op(1.0, 1.0)]) == (4.0, 0.0)
 
 
 def test_decode_step_matrices_are_the_steps_projections_feature_major():

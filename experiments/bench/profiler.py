@@ -6,10 +6,11 @@ import collections
 import glob
 import gzip
 import json
+import math
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -29,9 +30,29 @@ def compiled_ops(fn: Callable, *args) -> dict[str, str]:
 
 
 def instruction_ops(hlo: str) -> dict[str, str]:
-    """{HLO instruction: jax op name} of compiled HLO text."""
-    instruction = r"^\s+(?:ROOT )?%(\S+) = .*?op_name=\"([^\"]*)\""
-    return {m.group(1): m.group(2) for m in re.finditer(instruction, hlo, re.M)}
+    """{HLO instruction: jax op name} of compiled HLO text, every instruction included. One that XLA made
+    without a name (the fusions inside an attention loop, say) takes the name of the instruction that calls
+    its computation; one in the entry computation without a name (a zero fill, say) gets ""."""
+    own, computation_of, caller = {}, {}, {}
+    computation = None
+    for line in hlo.splitlines():
+        if header := re.match(r"(?:ENTRY )?%(\S+) .*\{$", line):
+            computation = header.group(1)
+        elif instruction := re.match(r"\s+(?:ROOT )?%(\S+) = (.*)", line):
+            name, rest = instruction.groups()
+            computation_of[name] = computation
+            if op := re.search(r'op_name="([^"]*)"', rest):
+                own[name] = op.group(1)
+            for called in re.findall(r"(?:calls|to_apply|body|condition)=%([\w.-]+)", rest):
+                caller.setdefault(called, name)
+
+    def op(name: str) -> str:
+        if name not in own:
+            calling = caller.get(computation_of[name])
+            own[name] = "" if calling is None else op(calling)
+        return own[name]
+
+    return {name: op(name) for name in computation_of}
 
 
 def dot_instructions(hlo: str) -> set[str]:
@@ -60,12 +81,13 @@ def op_kind(name: str, op: str) -> str:
 
 class ProfiledOp(NamedTuple):
     instruction: str
-    op: str  # the jax op name
+    op: str  # the jax op name (`instruction_ops`)
     holds_dot: bool  # `dot_instructions`
+    start: float  # s, on the trace's clock
     seconds: float
 
 
-def profiled_ops(fn: Callable, *args) -> Iterator[ProfiledOp]:
+def profiled_ops(fn: Callable, *args) -> list[ProfiledOp]:
     """Each XLA op run by one profiled call of jitted `fn` (while loops left out: their bodies' ops are
     counted)."""
     hlo = fn.lower(*args).compile().as_text()
@@ -75,10 +97,22 @@ def profiled_ops(fn: Callable, *args) -> Iterator[ProfiledOp]:
             jax.block_until_ready(fn(*args))
         with gzip.open(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)[0]) as f:
             events = json.load(f)["traceEvents"]
-    for event in events:
-        name = event.get("name", "")
-        if event.get("ph") == "X" and name in ops and not name.startswith("while"):
-            yield ProfiledOp(name, ops[name], name in dots, event["dur"] / 1e6)
+    ran = [e for e in events if e.get("ph") == "X" and e.get("name") in ops
+           and not e["name"].startswith("while")]
+    return [ProfiledOp(e["name"], ops[e["name"]], e["name"] in dots, e["ts"] / 1e6, e["dur"] / 1e6)
+            for e in ran]
+
+
+def idle_seconds(ops: list[ProfiledOp]) -> tuple[float, float]:
+    """(the span from the first op's start to the last one's end, the time within it when no op ran)."""
+    busy, covered_to = 0.0, -math.inf
+    for op in sorted(ops, key=lambda op: op.start):
+        end = op.start + op.seconds
+        if end > covered_to:
+            busy += end - max(op.start, covered_to)
+            covered_to = end
+    span = max(op.start + op.seconds for op in ops) - min(op.start for op in ops)
+    return span, span - busy
 
 
 def op_seconds(fn: Callable, *args) -> collections.Counter:
@@ -89,16 +123,26 @@ def op_seconds(fn: Callable, *args) -> collections.Counter:
     return seconds
 
 
-def op_time_breakdown(fn: Callable, *args) -> dict[tuple[str, str], float]:
-    """Seconds of XLA op time by (forward / backward, kind) in one profiled call of jitted `fn`.
+class Breakdown(NamedTuple):
+    seconds: dict[tuple[str, str], float]  # XLA op time by (phase, kind), summed over threads
+    span: float  # s from the first op's start to the last one's end
+    idle: float  # s of the span in which no op ran
 
-    Kinds: "matmul" (dots, and fusions holding one), "transpose/copy" (layout changes, often fused with
-    elementwise work), "other" (elementwise, reductions, slicing). Op times of parallel threads add up, so
-    the total can exceed the wall time.
+
+def op_time_breakdown(fn: Callable, *args) -> Breakdown:
+    """XLA op time by (phase, kind) in one profiled call of jitted `fn`, and the time no op ran.
+
+    Phases: "backward" (jax's transpose of a jvp), "forward", "unnamed" (ops XLA made outside any jax op:
+    zero fills, copies). Kinds: "matmul" (dots, and fusions holding one), "transpose/copy" (layout changes,
+    often fused with elementwise work), "other" (elementwise, reductions, slicing). Op times of parallel
+    threads add up, so they can exceed the wall time. XLA:CPU runs an Eigen dot (a weight gradient that
+    contracts the tokens axis of both operands, say) outside its op event, which only dispatches it: its
+    time is in `idle`, with any gaps between ops.
     """
+    ops = profiled_ops(fn, *args)
     seconds = collections.Counter()
-    for op in profiled_ops(fn, *args):
-        phase = "backward" if "transpose(jvp" in op.op else "forward"
+    for op in ops:
+        phase = "backward" if "transpose(jvp" in op.op else "forward" if op.op else "unnamed"
         if op.holds_dot:
             kind = "matmul"
         elif "transpose" in op.instruction or "copy" in op.instruction:
@@ -106,14 +150,16 @@ def op_time_breakdown(fn: Callable, *args) -> dict[tuple[str, str], float]:
         else:
             kind = "other"
         seconds[(phase, kind)] += op.seconds
-    return dict(seconds)
+    return Breakdown(dict(seconds), *idle_seconds(ops))
 
 
-def print_breakdowns(breakdowns: dict[tuple[str, str], dict[tuple[str, str], float]]) -> None:
+def print_breakdowns(breakdowns: dict[tuple[str, str], Breakdown]) -> None:
     """Print each (model, dtype)'s `op_time_breakdown`, largest part first."""
-    print("\nwhere our step's time goes (XLA op time of one profiled step, summed over threads):")
-    for (name, dtype), seconds in breakdowns.items():
-        total = sum(seconds.values())
-        parts = ", ".join(f"{phase} {kind} {s:.2f}s ({s / total:.0%})"
-                          for (phase, kind), s in sorted(seconds.items(), key=lambda item: -item[1]))
-        print(f"  {name} {dtype}: {parts}")
+    print("\nwhere our step's time goes (XLA op time of one profiled step, summed over threads; then the "
+          "time no op ran, which holds the work of the Eigen dots their op events only dispatch):")
+    for (name, dtype), breakdown in breakdowns.items():
+        total = sum(breakdown.seconds.values())
+        largest_first = sorted(breakdown.seconds.items(), key=lambda item: -item[1])
+        parts = ", ".join(f"{phase} {kind} {s:.2f}s ({s / total:.0%})" for (phase, kind), s in largest_first)
+        print(f"  {name} {dtype}: {parts}; no op ran for {breakdown.idle:.2f}s of the ops' "
+              f"{breakdown.span:.2f}s")
