@@ -64,15 +64,14 @@ def distances(donations: np.ndarray, humans: np.ndarray) -> dict[str, float]:
 
 
 def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rank correlation (ties get their average rank); NaN when either side is constant (or has
-    fewer than 2 values)."""
+    """Spearman's rank correlation (ties get their average rank); NaN when either side is constant, has
+    fewer than 2 values or holds a NaN."""
     def ranks(x: np.ndarray) -> np.ndarray:
-        order = np.argsort(x, kind="stable")
-        ranked = np.empty(len(x))
-        ranked[order] = np.arange(len(x))
-        return np.array([ranked[x == v].mean() for v in x])
+        _, value_of, ties = np.unique(x, return_inverse=True, return_counts=True)
+        after = np.cumsum(ties)  # each distinct value's 0-based ranks are after - ties .. after - 1
+        return (after - (ties + 1) / 2)[value_of]
 
-    if len(a) < 2:
+    if len(a) < 2 or np.isnan(a).any() or np.isnan(b).any():
         return float("nan")
     ra, rb = ranks(a), ranks(b)
     if ra.std() == 0 or rb.std() == 0:

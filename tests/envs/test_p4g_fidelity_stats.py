@@ -24,6 +24,8 @@ def test_rank_correlation_matches_scipy():
     a, b = rng.choice([0.0, 0.5, 1.0, 2.0], 40), rng.choice([0.0, 0.1, 1.0], 40)
     assert fs.rank_correlation(a, b) == pytest.approx(stats.spearmanr(a, b).statistic)
     assert np.isnan(fs.rank_correlation(np.zeros(5), b[:5]))
+    a[3] = np.nan
+    assert np.isnan(stats.spearmanr(a, b).statistic) and np.isnan(fs.rank_correlation(a, b))
 
 
 def test_histogram_bins():
