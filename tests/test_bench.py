@@ -8,6 +8,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from experiments.bench.dialogues import (RolloutShape, SyntheticDialogue, reprefilled_reply,
                                          reprefilling_compiles)
@@ -249,3 +250,20 @@ def test_the_torch_threads_probe_alternates_the_counts_and_keeps_the_faster():
     finally:
         torch.set_num_threads(before)
     assert seen[1:] == counts * 2  # after the warm-up call, all cores then 1, twice
+
+
+@pytest.mark.parametrize("flags, dtypes, noted", [
+    ("fpu avx2 fma", ["float32", "bfloat16"], True),  # the AVX2 AMD EPYC: PyTorch's bfloat16 on one core
+    ("fpu avx2 avx512f avx512_bf16", ["float32", "bfloat16"], False),
+    ("fpu avx2 amx_bf16 amx_tile", ["bfloat16"], False),
+    ("fpu avx2 fma", ["float32"], False),  # no bfloat16 column
+    (None, ["bfloat16"], False),  # lscpu gave no flags: nothing is known
+])
+def test_a_bfloat16_run_on_a_cpu_without_bfloat16_matmuls_is_told_it_may_be_slow(monkeypatch, flags, dtypes,
+                                                                                   noted):
+    from experiments.bench import harness
+
+    monkeypatch.setattr(harness, "_lscpu", lambda: {} if flags is None else {"Flags": f"   {flags}"})
+    note = harness.bfloat16_note(dtypes)
+    assert (note is not None) == noted
+    assert note is None or "--dtypes float32" in note

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from experiments.bench.harness import MODEL_NAMES, header
+from experiments.bench.harness import MODEL_NAMES, bfloat16_note, header
 
 BENCHMARKS = ("sampler", "rollout", "train_step", "sft", "collapse", "distributed", "rl_step")
 DEFAULT_REPEATS = {"rollout": 1}  # warm runs per measurement where not 2
@@ -34,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     print("\n".join(header()), flush=True)
+    if note := bfloat16_note(getattr(args, "dtypes", [])):
+        print(note, flush=True)
     ratio = args.run(args)
     print(f"ratio={ratio:.3f}")
 

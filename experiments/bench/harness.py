@@ -160,6 +160,21 @@ TIMING_ENVIRONMENT = ("XLA_FLAGS", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "MALLOC
                       "MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "JAX_PLATFORMS")
 
 
+NATIVE_BFLOAT16 = ("avx512_bf16", "amx_bf16")  # lscpu flags of the CPUs with bfloat16 matmul instructions
+
+
+def bfloat16_note(dtypes: list[str]) -> str | None:
+    """The line to print before a run with a bfloat16 column on a CPU whose lscpu flags hold none of
+    NATIVE_BFLOAT16: PyTorch's autocast reference then runs a slow path that can take most of the run
+    (docs/models.md). None otherwise, or when lscpu gives no flags."""
+    flags = _lscpu().get("Flags")
+    if "bfloat16" not in dtypes or flags is None or set(flags.split()) & set(NATIVE_BFLOAT16):
+        return None
+    return ("note: this CPU has neither avx512_bf16 nor amx_bf16, so PyTorch's bfloat16 reference may run "
+            "on one core for many times its float32 time (docs/models.md); --dtypes float32 leaves the "
+            "bfloat16 column out")
+
+
 def header() -> list[str]:
     """Where and when a run is made: the command, the time, the commit, the machine (lscpu model and
     flags, cores), the environment variables among TIMING_ENVIRONMENT that are set (each changes the
