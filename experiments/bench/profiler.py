@@ -10,7 +10,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import jax
@@ -29,22 +29,28 @@ def compiled_ops(fn: Callable, *args) -> dict[str, str]:
     return instruction_ops(fn.lower(*args).compile().as_text())
 
 
-def instruction_ops(hlo: str) -> dict[str, str]:
-    """{HLO instruction: jax op name} of compiled HLO text, every instruction included. One that XLA made
-    without a name (the fusions inside an attention loop, say) takes the name of the instruction that calls
-    its computation; one in the entry computation without a name (a zero fill, say) gets ""."""
-    own, computation_of, caller = {}, {}, {}
+def _instructions(hlo: str) -> Iterator[tuple[str | None, str, str]]:
+    """(computation, instruction, the text after "instruction = ") of each instruction of compiled HLO text,
+    in order: a computation comes after the ones it calls."""
     computation = None
     for line in hlo.splitlines():
         if header := re.match(r"(?:ENTRY )?%(\S+) .*\{$", line):
             computation = header.group(1)
         elif instruction := re.match(r"\s+(?:ROOT )?%(\S+) = (.*)", line):
-            name, rest = instruction.groups()
-            computation_of[name] = computation
-            if op := re.search(r'op_name="([^"]*)"', rest):
-                own[name] = op.group(1)
-            for called in re.findall(r"(?:calls|to_apply|body|condition)=%([\w.-]+)", rest):
-                caller.setdefault(called, name)
+            yield computation, *instruction.groups()
+
+
+def instruction_ops(hlo: str) -> dict[str, str]:
+    """{HLO instruction: jax op name} of compiled HLO text, every instruction included. One that XLA made
+    without a name (the fusions inside an attention loop, say) takes the name of the instruction that calls
+    its computation; one in the entry computation without a name (a zero fill, say) gets ""."""
+    own, computation_of, caller = {}, {}, {}
+    for computation, name, text in _instructions(hlo):
+        computation_of[name] = computation
+        if op := re.search(r'op_name="([^"]*)"', text):
+            own[name] = op.group(1)
+        for called in re.findall(r"(?:calls|to_apply|body|condition)=%([\w.-]+)", text):
+            caller.setdefault(called, name)
 
     def op(name: str) -> str:
         if name not in own:
@@ -58,18 +64,15 @@ def instruction_ops(hlo: str) -> dict[str, str]:
 def dot_instructions(hlo: str) -> set[str]:
     """The HLO instructions of compiled HLO text that are a dot or call a computation holding one (a fusion
     of a matmul with the elementwise work or reduction after it is named after its root, not the dot)."""
-    holds_dot: dict[str, bool] = {}  # per computation; a computation comes after the ones it calls
-    dots, computation = set(), None
-    for line in hlo.splitlines():
-        if header := re.match(r"(?:ENTRY )?%(\S+) .*\{$", line):
-            computation = header.group(1)
-            holds_dot[computation] = False
-        elif (instruction := re.match(r"\s+(?:ROOT )?%(\S+) = .*?([\w-]+)\((.*)", line)) and computation:
-            name, opcode, rest = instruction.groups()
-            called = re.search(r"\bcalls=%([\w.-]+)", rest)
-            if opcode == "dot" or (called and holds_dot.get(called.group(1))):
-                dots.add(name)
-                holds_dot[computation] = True
+    holds_dot: dict[str, bool] = {}  # per computation
+    dots = set()
+    for computation, name, text in _instructions(hlo):
+        opcode = re.match(r".*?([\w-]+)\(", text)
+        called = re.search(r"\bcalls=%([\w.-]+)", text)
+        holds = opcode and opcode.group(1) == "dot" or called and holds_dot.get(called.group(1))
+        if computation and holds:
+            dots.add(name)
+            holds_dot[computation] = True
     return dots
 
 
