@@ -5,7 +5,8 @@
   costs far more than running them (docs/testing.md has the measurement).
 - One persistent compilation cache per test session (a temporary folder, inherited by the runs the
   tests start as subprocesses): tests build the same tiny models and steps again and again, and each
-  identical program is then compiled once.
+  identical program is then compiled once. Every program goes into it, however quickly it compiled:
+  most of a subprocess run's programs compile in under 0.2 s each (docs/testing.md).
 - Under pytest-xdist (setup.cfg: `-n auto --dist loadgroup`) a worker runs each test file whole (its
   module fixtures are built once), and each folder of SHARED_FIXTURE_DIRS whole (their session fixtures,
   a pretrained testbed and the SmolLM2 GGUF, are costly); the costliest groups start first.
@@ -28,7 +29,7 @@ os.environ["XLA_FLAGS"] = " ".join(filter(None, (os.environ.get("XLA_FLAGS", "")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="scope-jax-test-xla-")
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # noqa: E402  (after the environment above)
 import pytest  # noqa: E402
@@ -77,6 +78,7 @@ def xdist_group(item: pytest.Item) -> str:
     return next((d for d in SHARED_FIXTURE_DIRS if path.is_relative_to(d)), str(path))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups: it tags each node id with its group
 def pytest_collection_modifyitems(items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
