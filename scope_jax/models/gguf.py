@@ -1,14 +1,19 @@
 """Read a llama.cpp GGUF file (Llama architecture) into an HF config, an HF state dict and a tokenizer.
 
-Everything here is numpy + `tokenizers`; nothing imports torch. Quantised tensors are de-quantised to
-float32 with the `gguf` package's own numpy code, so a Q4_1 file loads as the float32 weights it
-stands for (the quantisation error stays in the weights).
+Everything here is numpy + `tokenizers`; nothing imports torch. The file's header, metadata and tensor
+table are read here (`read_header`): the `gguf` package's reader makes a numpy view of each string
+of the vocabulary and merges, which is slow for a large vocabulary (docs/models.md). Quantised tensors are
+de-quantised to float32 with the `gguf` package's own numpy code, so a Q4_1 file loads as the float32
+weights it stands for (the quantisation error stays in the weights).
 """
 
 from __future__ import annotations
 
+import math
+import mmap
 import re
-from typing import Any
+import struct
+from typing import Any, NamedTuple
 
 import gguf
 import numpy as np
@@ -40,6 +45,98 @@ _GPT2_PRE = ("gpt2", "default")
 _DIGITS_THEN_GPT2_PRE = ("smollm", "starcoder", "refact")
 
 
+# GGUF metadata value types (gguf.GGUFValueType) -> little-endian numpy dtypes; 8 is a string, 9 an array.
+_SCALAR_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8",
+                  11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
+_DEFAULT_ALIGNMENT = 32  # of the tensor data, unless the file's general.alignment says otherwise
+
+
+class GGUFTensor(NamedTuple):
+    name: str
+    tensor_type: gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # numpy order (GGUF lists dims fastest-first)
+    data: np.ndarray  # the tensor's raw bytes (uint8), a read-only view of the file
+
+
+class _Cursor:
+    """Reads little-endian GGUF values from `buffer` in order; a read past the end is a one-line error."""
+
+    def __init__(self, buffer: mmap.mmap, path: str):
+        self.buffer, self.offset, self.path = buffer, 0, path
+
+    def _advance(self, size: int) -> int:
+        start, self.offset = self.offset, self.offset + size
+        if self.offset > len(self.buffer):
+            raise ValueError(f"{self.path}: the GGUF file ends at byte {len(self.buffer)}, inside a value "
+                             f"that needs bytes up to {self.offset} (truncated?)")
+        return start
+
+    def scalars(self, dtype: str, count: int) -> np.ndarray:
+        return np.frombuffer(self.buffer, dtype, count, self._advance(np.dtype(dtype).itemsize * count))
+
+    def uint(self, fmt: str) -> int:  # fmt: "I" (uint32) or "Q" (uint64)
+        return struct.unpack_from("<" + fmt, self.buffer, self._advance(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        length = self.uint("Q")
+        start = self._advance(length)
+        return self.buffer[start:self.offset].decode("utf-8")
+
+    def value(self, value_type: int) -> Any:
+        """A metadata value as Python data: a scalar, a str, or a list of either."""
+        if value_type == _STRING:
+            return self.string()
+        if value_type == _ARRAY:
+            item_type, count = self.uint("I"), self.uint("Q")
+            if item_type in _SCALAR_DTYPES:
+                return self.scalars(_SCALAR_DTYPES[item_type], count).tolist()
+            return [self.value(item_type) for _ in range(count)]
+        if value_type not in _SCALAR_DTYPES:
+            raise ValueError(f"{self.path}: unknown GGUF value type {value_type} at byte {self.offset - 4}")
+        return self.scalars(_SCALAR_DTYPES[value_type], 1).tolist()[0]
+
+
+def read_header(path: str) -> tuple[dict[str, Any], list[GGUFTensor]]:
+    """The metadata fields (name -> Python value) and the tensors (raw bytes as views of the file) of a
+    little-endian GGUF file of version 2 or 3."""
+    with open(path, "rb") as f:
+        try:
+            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # mmap refuses an empty file
+            raise ValueError(f"{path}: not a GGUF file (it is empty)") from None
+    cursor = _Cursor(buffer, path)
+    if buffer[:4] != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file (it starts with {bytes(buffer[:4])!r}, not b'GGUF')")
+    cursor.offset = 4
+    version = cursor.uint("I")
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3, little-endian)")
+    tensor_count, field_count = cursor.uint("Q"), cursor.uint("Q")
+    fields = {}
+    for _ in range(field_count):
+        name = cursor.string()
+        fields[name] = cursor.value(cursor.uint("I"))
+    table = []
+    for _ in range(tensor_count):
+        name = cursor.string()
+        dims = [cursor.uint("Q") for _ in range(cursor.uint("I"))]
+        table.append((name, dims, cursor.uint("I"), cursor.uint("Q")))
+    alignment = fields.get("general.alignment", _DEFAULT_ALIGNMENT)
+    data_start = -(-cursor.offset // alignment) * alignment
+    tensors = []
+    for name, dims, type_id, offset in table:
+        try:
+            tensor_type = gguf.GGMLQuantizationType(type_id)
+        except ValueError:
+            raise ValueError(f"{path}: tensor {name!r} has unknown GGML type {type_id}") from None
+        block_size, type_size = gguf.GGML_QUANT_SIZES[tensor_type]
+        cursor.offset = data_start + offset
+        data = cursor.scalars("u1", math.prod(dims) // block_size * type_size)
+        tensors.append(GGUFTensor(name, tensor_type, tuple(reversed(dims)), data))
+    return fields, tensors
+
+
 def read_gguf(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray], PreTrainedTokenizerFast]:
     """Load a Llama-architecture GGUF file.
 
@@ -53,12 +150,11 @@ def read_gguf(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray], PreTrai
       ValueError: the architecture is not "llama", or the file uses a feature this reader does not
         translate (RoPE scaling, an unknown tensor, a tokenizer other than gpt2-style BPE).
     """
-    reader = gguf.GGUFReader(path)
-    fields = {name: field.contents() for name, field in reader.fields.items()}
+    fields, tensors = read_header(path)
     arch = fields.get("general.architecture")
     if arch != "llama":
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (only 'llama')")
-    state_dict = {_hf_name(t.name): _dequantize(t) for t in reader.tensors}
+    state_dict = {_hf_name(t.name): _dequantize(t) for t in tensors}
     config = _config(fields, state_dict)
     for proj, heads in (("q_proj", config["num_attention_heads"]), ("k_proj", config["num_key_value_heads"])):
         for i in range(config["num_hidden_layers"]):
@@ -75,12 +171,12 @@ def _hf_name(gguf_name: str) -> str:
     return _LLAMA_TENSORS[key].format(i=layer)
 
 
-def _dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
-    """Float32 values in HF layout: GGUF lists dims fastest-first, i.e. reversed from numpy's order."""
+def _dequantize(tensor: GGUFTensor) -> np.ndarray:
+    """Float32 values in HF layout (numpy order)."""
     values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-    if not values.flags.writeable:  # unquantised tensors come back as read-only views of the file's memmap
+    if not values.flags.writeable:  # unquantised tensors come back as read-only views of the file
         values = np.array(values)
-    return values.astype(np.float32, copy=False).reshape(tuple(reversed(tensor.shape.tolist())))
+    return values.astype(np.float32, copy=False).reshape(tensor.shape)
 
 
 def _unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:

@@ -13,7 +13,7 @@ import pytest
 from tokenizers import pre_tokenizers
 
 from scope_jax.models import ModelConfig, forward
-from scope_jax.models.gguf import read_gguf
+from scope_jax.models.gguf import read_gguf, read_header
 from scope_jax.models.hf import SMOLLM2_GGUF, params_from_state_dict, smollm2_path
 
 LAYERS, HIDDEN, FFN, HEADS, KV_HEADS = 2, 64, 96, 4, 2
@@ -155,6 +155,60 @@ def test_unsupported_files_raise(tmp_path, kwargs, message):
     write_tiny_gguf(tmp_path / "other.gguf", **kwargs)
     with pytest.raises(ValueError, match=message):
         read_gguf(str(tmp_path / "other.gguf"))
+
+
+# (writer method, field value) of every GGUF value type; a float32 field holds the value rounded to float32.
+FIELDS = {"uint8": 250, "int8": -100, "uint16": 65000, "int16": -30000, "uint32": 4_000_000_000,
+          "int32": -2_000_000_000, "float32": 0.1, "uint64": 2**63 + 5, "int64": -2**62, "float64": 0.1,
+          "bool": True, "string": "héllo"}
+ARRAYS = {"ints": [1, -2, 3], "floats": [0.5, 1.5], "strings": ["a", "", "ü b"], "nested": [[1, 2], [3]]}
+
+
+def test_the_header_reader_gives_every_value_type_and_tensor_as_written(tmp_path):
+    """Scalars, strings and (nested) arrays as written; each tensor's numpy shape and raw bytes, found
+    past a custom 64-byte alignment of the tensor data."""
+    rng = np.random.default_rng(0)
+    types = gguf.GGMLQuantizationType
+    quantized = gguf.quants.quantize(rng.standard_normal((2, 64)).astype(np.float32), types.Q4_1)
+    tensors = {"f32": (rng.standard_normal((3, 5)).astype(np.float32), types.F32, (3, 5)),
+               "f16": (rng.standard_normal((2, 4)).astype(np.float16), types.F16, (2, 4)),
+               "q41": (quantized, types.Q4_1, (2, 64))}  # 2 rows of 64 values in 2 x 40 bytes
+    writer = gguf.GGUFWriter(str(tmp_path / "all.gguf"), "llama")
+    writer.add_custom_alignment(64)
+    for kind, value in FIELDS.items():
+        getattr(writer, f"add_{kind}")(f"t.{kind}", value)
+    for name, value in ARRAYS.items():
+        writer.add_array(f"t.{name}", value)
+    for name, (value, tensor_type, _) in tensors.items():
+        writer.add_tensor(name, value, raw_dtype=tensor_type if tensor_type == types.Q4_1 else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    fields, read = read_header(str(tmp_path / "all.gguf"))
+    expected = {f"t.{kind}": value for kind, value in (FIELDS | ARRAYS).items()}
+    expected["t.float32"] = float(np.float32(0.1))
+    assert fields == {"general.architecture": "llama", "general.alignment": 64} | expected
+    assert [t.name for t in read] == list(tensors)
+    for tensor, (value, tensor_type, shape) in zip(read, tensors.values()):
+        assert (tensor.tensor_type, tensor.shape, tensor.data.dtype) == (tensor_type, shape, np.uint8)
+        assert tensor.data.tobytes() == value.tobytes(), tensor.name
+
+
+def test_a_truncated_empty_or_foreign_file_is_refused_in_one_line(tmp_path):
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    whole = (tmp_path / "tiny.gguf").read_bytes()
+    cases = {"empty": (b"", "it is empty"), "zip": (b"PK\x03\x04" + whole[4:], "not a GGUF file"),
+             "magic only": (whole[:2], "not a GGUF file"), "version 1": (b"GGUF\x01" + whole[5:], "version 1"),
+             "in the counts": (whole[:12], "ends at byte 12"),
+             "in the fields": (whole[:200], "ends at byte 200"),
+             "in the last tensor": (whole[:-1], f"ends at byte {len(whole) - 1}")}
+    for name, (content, message) in cases.items():
+        (tmp_path / f"{name}.gguf").write_bytes(content)
+        with pytest.raises(ValueError, match=message) as error:
+            read_gguf(str(tmp_path / f"{name}.gguf"))
+        assert str(tmp_path / f"{name}.gguf") in str(error.value) and "\n" not in str(error.value), name
 
 
 @pytest.mark.slow
