@@ -46,14 +46,16 @@ DISTANCES = ("ks", "hist_l1")
 
 
 def histogram(donations: np.ndarray) -> np.ndarray:
-    """Share of donations in each of BINS."""
-    counts, _ = np.histogram(donations, BINS)
-    return counts / max(len(donations), 1)
+    """Share of donations in each of BINS; as np.histogram bins them (the last bin closed, a donation
+    outside every bin in none), without its per-call overhead, which the bootstrap pays many times."""
+    inside = donations[(donations >= BINS[0]) & (donations <= BINS[-1])]
+    bins = np.minimum(np.searchsorted(BINS, inside, side="right") - 1, len(BINS) - 2)
+    return np.bincount(bins, minlength=len(BINS) - 1) / max(len(donations), 1)
 
 
 def ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
     """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs."""
-    grid = np.union1d(a, b)
+    grid = np.concatenate([a, b])  # every value of either (repeats change no maximum)
     cdf = lambda x: np.searchsorted(np.sort(x), grid, side="right") / len(x)
     return float(np.max(np.abs(cdf(a) - cdf(b))))
 

@@ -37,6 +37,16 @@ def test_histogram_bins():
     assert fs.distances(np.zeros(4), humans) == {"hist_l1": 1.0, "ks": 0.5}
 
 
+def test_histogram_bins_as_numpy_does_at_every_edge():
+    """np.histogram as the reference: each edge, either side of it, and donations outside every bin."""
+    rng = np.random.default_rng(0)
+    edges = np.concatenate([fs.BINS, np.nextafter(fs.BINS, -np.inf), np.nextafter(fs.BINS, np.inf)])
+    for donations in (edges, np.array([-1.0, 3.0]), np.zeros(0), rng.uniform(-0.5, 2.5, 200),
+                      np.round(rng.uniform(0, 2, 200) * 4) / 4):
+        np.testing.assert_array_equal(fs.histogram(donations),
+                                      np.histogram(donations, fs.BINS)[0] / max(len(donations), 1))
+
+
 def test_arm_statistics_by_hand():
     """Three participants, two dialogues each. Draw 0 reads [0, 1] (rate 1/2, mean 0.5, KS 1/3 against
     [0, 1, 2]), draw 1 reads [2] (rate 1, mean 2, KS 2/3); 3 of 6 dialogues are unreadable; the mean
