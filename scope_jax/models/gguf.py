@@ -76,15 +76,18 @@ class _Cursor:
         return np.frombuffer(self.buffer, dtype, count, self._advance(np.dtype(dtype).itemsize * count))
 
     def uint(self, fmt: str) -> int:  # fmt: "I" (uint32) or "Q" (uint64)
-        return struct.unpack_from("<" + fmt, self.buffer, self._advance(struct.calcsize(fmt)))[0]
+        return struct.unpack_from("<" + fmt, self.buffer, self._advance(struct.calcsize("<" + fmt)))[0]
 
     def string(self) -> str:
         length = self.uint("Q")
         start = self._advance(length)
-        return self.buffer[start:self.offset].decode("utf-8")
+        try:
+            return self.buffer[start:self.offset].decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{self.path}: the string at byte {start} is not UTF-8") from None
 
     def value(self, value_type: int) -> Any:
-        """A metadata value as Python data: a scalar, a str, or a list of either."""
+        """A metadata value as Python data: a scalar, a str, or a list of values."""
         if value_type == _STRING:
             return self.string()
         if value_type == _ARRAY:

@@ -203,7 +203,8 @@ def test_a_truncated_empty_or_foreign_file_is_refused_in_one_line(tmp_path):
              "magic only": (whole[:2], "not a GGUF file"), "version 1": (b"GGUF\x01" + whole[5:], "version 1"),
              "in the counts": (whole[:12], "ends at byte 12"),
              "in the fields": (whole[:200], "ends at byte 200"),
-             "in the last tensor": (whole[:-1], f"ends at byte {len(whole) - 1}")}
+             "in the last tensor": (whole[:-1], f"ends at byte {len(whole) - 1}"),
+             "a name not UTF-8": (whole.replace(b"general.architecture", b"general.architectur\xff"), "not UTF-8")}
     for name, (content, message) in cases.items():
         (tmp_path / f"{name}.gguf").write_bytes(content)
         with pytest.raises(ValueError, match=message) as error:
