@@ -199,12 +199,20 @@ def test_the_header_reader_gives_every_value_type_and_tensor_as_written(tmp_path
 def test_a_truncated_empty_or_foreign_file_is_refused_in_one_line(tmp_path):
     write_tiny_gguf(tmp_path / "tiny.gguf")
     whole = (tmp_path / "tiny.gguf").read_bytes()
+    # the first tensor's entry in the table: its name, the number of dims (uint32), the dims (uint64 each),
+    # then its type (uint32)
+    dims_at = whole.index(b"token_embd.weight") + len(b"token_embd.weight")
+    type_at = dims_at + 4 + 8 * int.from_bytes(whole[dims_at:dims_at + 4], "little")
+    unknown_type = whole[:type_at] + (99).to_bytes(4, "little") + whole[type_at + 4:]
+    not_utf8 = whole.replace(b"general.architecture", b"general.architectur\xff")
     cases = {"empty": (b"", "it is empty"), "zip": (b"PK\x03\x04" + whole[4:], "not a GGUF file"),
-             "magic only": (whole[:2], "not a GGUF file"), "version 1": (b"GGUF\x01" + whole[5:], "version 1"),
+             "magic only": (whole[:2], "not a GGUF file"),
+             "version 1": (b"GGUF\x01" + whole[5:], "version 1"),
              "in the counts": (whole[:12], "ends at byte 12"),
              "in the fields": (whole[:200], "ends at byte 200"),
              "in the last tensor": (whole[:-1], f"ends at byte {len(whole) - 1}"),
-             "a name not UTF-8": (whole.replace(b"general.architecture", b"general.architectur\xff"), "not UTF-8")}
+             "a name not UTF-8": (not_utf8, "not UTF-8"),
+             "an unknown tensor type": (unknown_type, "'token_embd.weight' has unknown GGML type 99")}
     for name, (content, message) in cases.items():
         (tmp_path / f"{name}.gguf").write_bytes(content)
         with pytest.raises(ValueError, match=message) as error:
