@@ -126,6 +126,8 @@ def read_header(path: str) -> tuple[dict[str, Any], list[GGUFTensor]]:
         dims = [cursor.uint("Q") for _ in range(cursor.uint("I"))]
         table.append((name, dims, cursor.uint("I"), cursor.uint("Q")))
     alignment = fields.get("general.alignment", _DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment < 1:
+        raise ValueError(f"{path}: general.alignment is {alignment!r}, not a positive integer")
     data_start = -(-cursor.offset // alignment) * alignment
     tensors = []
     for name, dims, type_id, offset in table:

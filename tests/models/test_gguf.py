@@ -196,7 +196,7 @@ def test_the_header_reader_gives_every_value_type_and_tensor_as_written(tmp_path
         assert tensor.data.tobytes() == value.tobytes(), tensor.name
 
 
-def test_a_truncated_empty_or_foreign_file_is_refused_in_one_line(tmp_path):
+def test_a_broken_or_foreign_file_is_refused_in_one_line(tmp_path):
     write_tiny_gguf(tmp_path / "tiny.gguf")
     whole = (tmp_path / "tiny.gguf").read_bytes()
     # the first tensor's entry in the table: its name, the number of dims (uint32), the dims (uint64 each),
@@ -213,6 +213,12 @@ def test_a_truncated_empty_or_foreign_file_is_refused_in_one_line(tmp_path):
              "in the last tensor": (whole[:-1], f"ends at byte {len(whole) - 1}"),
              "a name not UTF-8": (not_utf8, "not UTF-8"),
              "an unknown tensor type": (unknown_type, "'token_embd.weight' has unknown GGML type 99")}
+    writer = gguf.GGUFWriter(str(tmp_path / "alignment 0.gguf"), "llama")
+    writer.add_uint32("general.alignment", 0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    cases["alignment 0"] = ((tmp_path / "alignment 0.gguf").read_bytes(), "general.alignment is 0")
     for name, (content, message) in cases.items():
         (tmp_path / f"{name}.gguf").write_bytes(content)
         with pytest.raises(ValueError, match=message) as error:
