@@ -45,11 +45,11 @@ _GPT2_PRE = ("gpt2", "default")
 _DIGITS_THEN_GPT2_PRE = ("smollm", "starcoder", "refact")
 
 
-# GGUF metadata value types (gguf.GGUFValueType) -> little-endian numpy dtypes; 8 is a string, 9 an array.
-_SCALAR_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8",
-                  11: "<i8", 12: "<f8"}
-_STRING, _ARRAY = 8, 9
-_DEFAULT_ALIGNMENT = 32  # of the tensor data, unless the file's general.alignment says otherwise
+_VALUE = gguf.GGUFValueType
+# The metadata value types that are scalars -> little-endian numpy dtypes (the others: STRING, ARRAY).
+_SCALAR_DTYPES = {_VALUE.UINT8: "<u1", _VALUE.INT8: "<i1", _VALUE.UINT16: "<u2", _VALUE.INT16: "<i2",
+                  _VALUE.UINT32: "<u4", _VALUE.INT32: "<i4", _VALUE.FLOAT32: "<f4", _VALUE.BOOL: "?",
+                  _VALUE.UINT64: "<u8", _VALUE.INT64: "<i8", _VALUE.FLOAT64: "<f8"}
 
 
 class GGUFTensor(NamedTuple):
@@ -88,9 +88,9 @@ class _Cursor:
 
     def value(self, value_type: int) -> Any:
         """A metadata value as Python data: a scalar, a str, or a list of values."""
-        if value_type == _STRING:
+        if value_type == _VALUE.STRING:
             return self.string()
-        if value_type == _ARRAY:
+        if value_type == _VALUE.ARRAY:
             item_type, count = self.uint("I"), self.uint("Q")
             if item_type in _SCALAR_DTYPES:
                 return self.scalars(_SCALAR_DTYPES[item_type], count).tolist()
@@ -125,7 +125,7 @@ def read_header(path: str) -> tuple[dict[str, Any], list[GGUFTensor]]:
         name = cursor.string()
         dims = [cursor.uint("Q") for _ in range(cursor.uint("I"))]
         table.append((name, dims, cursor.uint("I"), cursor.uint("Q")))
-    alignment = fields.get("general.alignment", _DEFAULT_ALIGNMENT)
+    alignment = fields.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment < 1:
         raise ValueError(f"{path}: general.alignment is {alignment!r}, not a positive integer")
     data_start = -(-cursor.offset // alignment) * alignment
