@@ -37,6 +37,7 @@ from scope_jax.models.layouts import xla_cpu_layouts
 
 BLOCK = 512
 ROW_GROUP_BYTES = 4 * 2**20  # float32 scores of one row group of a single tile, on XLA:CPU
+FEW_QUERIES = 16  # at most this many queries per (row, kv head): scores keys-major on XLA:CPU
 _HIDDEN = jnp.finfo(jnp.float32).min  # the score of an invisible key
 _NO_QUERY = jnp.iinfo(jnp.int32).min  # position of a padding query: sees nothing
 _NO_KEY = jnp.iinfo(jnp.int32).max  # position of a padding key: seen by nothing
@@ -58,7 +59,13 @@ class Partial(NamedTuple):
 
 def _scores(q, k, q_pos, k_pos):
     """Float32 scores [N, H, Q, S] and their visibility [N, 1, Q, S]."""
-    scores = jnp.einsum("nhqd,nhsd->nhqs", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    if q.shape[2] <= FEW_QUERIES and xla_cpu_layouts():
+        # A decode step's few queries: XLA:CPU runs the keys-major product several times faster; the
+        # barrier keeps XLA from folding the (small) transpose back into the matmul.
+        scores = jnp.einsum("nhsd,nhqd->nhsq", k.astype(q.dtype), q, preferred_element_type=jnp.float32)
+        scores = jax.lax.optimization_barrier(scores).swapaxes(2, 3)
+    else:
+        scores = jnp.einsum("nhqd,nhsd->nhqs", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
     return scores / math.sqrt(q.shape[-1]), k_pos[:, None, None, :] <= q_pos[:, None, :, None]
 
 

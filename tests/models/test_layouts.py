@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from scope_jax.logprobs import head_weight_grad, vocab_sums
-from scope_jax.models import decoder
+from scope_jax.models import attention, decoder
 from tests.jaxprs import dot_generals
 
 
@@ -69,3 +69,22 @@ def test_vocab_sums_run_as_one_variadic_reduce_down_rows_on_the_cpu_only_and_equ
     for total, term in zip(vocab_sums(terms), terms):
         expected = np.asarray(term, np.float64).sum(-1)
         np.testing.assert_allclose(np.asarray(total), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("queries", [3, 16, 17])
+@pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+def test_few_queries_take_keys_major_scores_on_the_cpu_only_with_the_same_values(monkeypatch, backend, queries):
+    """A decode step's few queries per (row, kv head): on the CPU the scores come from keys @ queries^T
+    behind a barrier, elsewhere (and for more than FEW_QUERIES queries) from queries @ keys^T. Values and
+    visibility against numpy."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    q, k = (jax.random.normal(jax.random.key(i), (2, 3, n, 8)) for i, n in enumerate((queries, 40)))
+    q_pos = jnp.broadcast_to(jnp.arange(queries) + 20, (2, queries))
+    k_pos = jnp.broadcast_to(jnp.arange(40), (2, 40))
+    scores = lambda q, k: attention._scores(q, k, q_pos, k_pos)
+    barrier = backend == "cpu" and queries <= attention.FEW_QUERIES
+    assert ("optimization_barrier" in _primitives(scores, q, k)) == barrier
+    values, visible = scores(q, k)
+    expected = np.einsum("nhqd,nhsd->nhqs", np.asarray(q, np.float64), np.asarray(k, np.float64)) / np.sqrt(8)
+    np.testing.assert_allclose(np.asarray(values), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(visible)[:, 0], np.asarray(k_pos)[:, None, :] <= np.asarray(q_pos)[:, :, None])
