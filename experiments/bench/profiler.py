@@ -17,7 +17,8 @@ import jax
 
 DECODE_KINDS = (  # (kind, pattern of the jax op name or HLO instruction) in the order they are tried;
     # the head is token-major in the prefill and feature-major (vd,db->vb) in the decode loop
-    ("output head", r"\.\.\.d,dv->\.\.\.v|vd,db->vb"), ("attention", r"nhqd,nhsd->nhqs|nhsd,nhqd->nhsq|nhqs,nhsd->nhqd"),
+    ("output head", r"\.\.\.d,dv->\.\.\.v|vd,db->vb"),
+    ("attention", r"nhqd,nhsd->nhqs|nhsd,nhqd->nhsq|nhqs,nhsd->nhqd"),
     ("layer matmuls", r"dot_general|^dot|ynn"), ("cache writes", r"dynamic.update.slice|scatter"),
     ("sampling", r"argmax|log_softmax|top_k|categorical|reduce_max|exp|sort"),
     ("copies / transposes", r"^copy|^transpose|\bcopy"),

@@ -73,7 +73,8 @@ def test_vocab_sums_run_as_one_variadic_reduce_down_rows_on_the_cpu_only_and_equ
 
 @pytest.mark.parametrize("queries", [3, 16, 17])
 @pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
-def test_few_queries_take_keys_major_scores_on_the_cpu_only_with_the_same_values(monkeypatch, backend, queries):
+def test_few_queries_take_keys_major_scores_on_the_cpu_only_with_the_same_values(monkeypatch, backend,
+                                                                                 queries):
     """A decode step's few queries per (row, kv head): on the CPU the scores come from keys @ queries^T
     behind a barrier, elsewhere (and for more than FEW_QUERIES queries) from queries @ keys^T. Values and
     visibility against numpy."""
@@ -87,4 +88,5 @@ def test_few_queries_take_keys_major_scores_on_the_cpu_only_with_the_same_values
     values, visible = scores(q, k)
     expected = np.einsum("nhqd,nhsd->nhqs", np.asarray(q, np.float64), np.asarray(k, np.float64)) / np.sqrt(8)
     np.testing.assert_allclose(np.asarray(values), expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(np.asarray(visible)[:, 0], np.asarray(k_pos)[:, None, :] <= np.asarray(q_pos)[:, :, None])
+    expected_visible = np.asarray(k_pos)[:, None, :] <= np.asarray(q_pos)[:, :, None]
+    np.testing.assert_array_equal(np.asarray(visible)[:, 0], expected_visible)
