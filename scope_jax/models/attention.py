@@ -59,13 +59,14 @@ class Partial(NamedTuple):
 
 def _scores(q, k, q_pos, k_pos):
     """Float32 scores [N, H, Q, S] and their visibility [N, 1, Q, S]."""
+    k = k.astype(q.dtype)
     if q.shape[2] <= FEW_QUERIES and xla_cpu_layouts():
         # A decode step's few queries: XLA:CPU runs the keys-major product several times faster; the
         # barrier keeps XLA from folding the (small) transpose back into the matmul.
-        scores = jnp.einsum("nhsd,nhqd->nhsq", k.astype(q.dtype), q, preferred_element_type=jnp.float32)
+        scores = jnp.einsum("nhsd,nhqd->nhsq", k, q, preferred_element_type=jnp.float32)
         scores = jax.lax.optimization_barrier(scores).swapaxes(2, 3)
     else:
-        scores = jnp.einsum("nhqd,nhsd->nhqs", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
+        scores = jnp.einsum("nhqd,nhsd->nhqs", q, k, preferred_element_type=jnp.float32)
     return scores / math.sqrt(q.shape[-1]), k_pos[:, None, None, :] <= q_pos[:, None, :, None]
 
 
