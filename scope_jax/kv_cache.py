@@ -40,8 +40,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from scope_jax import sharding
-from scope_jax.models.decoder import (KVCache, Params, SharedPrefix, bind, population_axes, population_member,
-                                      population_size, state_of)
+from scope_jax.models.decoder import (KVCache, LayerCache, Params, SharedPrefix, bind, population_axes,
+                                      population_member, population_size, state_of)
 from scope_jax.sampling import (MIN_PROMPT_BUCKET, SampleOutput, SamplingConfig, bucket, last_logits,
                                 sample_loop)
 
@@ -51,10 +51,11 @@ View = Sequence[int] | None  # a row's token ids; None: the row sits the call ou
 
 
 class CacheArrays(NamedTuple):
-    """The device state: every row's own cache [(P,) layers, rows, kv_heads, capacity, head_dim] and the
-    groups' shared prefixes [(P,) layers, groups, kv_heads, prefix_capacity, head_dim] (None: none yet)."""
+    """The device state: every row's own cache, one (k, v) [(P,) rows, kv_heads, capacity, head_dim] per
+    layer (each updated in place by a call: see `Decoder.hidden_by_layer`), and the groups' shared prefixes
+    [(P,) layers, groups, kv_heads, prefix_capacity, head_dim] (None: none yet; written once)."""
 
-    rows: KVCache
+    rows: tuple[LayerCache, ...]
     prefix: KVCache | None
 
 
@@ -139,8 +140,9 @@ class Layout:
         """The shardings of the device state: rows over (data, fsdp), prefix groups too if they divide."""
         if self.mesh is None:
             return None
-        of = lambda size: KVCache(*[self.sharding(len(self.lead) + 5, len(self.lead) + 1, size)] * 2)
-        return CacheArrays(of(self.padded_rows), of(self.n_groups) if prefix else None)
+        rows = self.sharding(len(self.lead) + 4, len(self.lead), self.padded_rows)  # every layer's k and v
+        groups = KVCache(*[self.sharding(len(self.lead) + 5, len(self.lead) + 1, self.n_groups)] * 2)
+        return CacheArrays(rows, groups if prefix else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +169,7 @@ class RowCache:
     @property
     def capacity(self) -> int:
         """Slots of every row's own cache."""
-        return self.arrays.rows.k.shape[-2]
+        return self.arrays.rows[0][0].shape[-2]
 
     @property
     def fallbacks(self) -> int:
@@ -193,17 +195,18 @@ def create(graphdef: nnx.GraphDef, params: Params, rows: int, *, groups: int | N
     while (groups or 1) * padded_per_group % shards:
         padded_per_group += 1
     layout = Layout(rows, groups, population_size(params) if population else None, padded_per_group, mesh)
-    shape = layout.lead + (config.num_layers, layout.padded_rows, config.num_kv_heads,
-                           bucket(capacity, MIN_CAPACITY), config.head_dim)
+    shape = layout.lead + (layout.padded_rows, config.num_kv_heads, bucket(capacity, MIN_CAPACITY),
+                           config.head_dim)
     shardings = layout.shardings(prefix=False)
-    zeros = _zeros(shape, dtype, None if shardings is None else shardings.rows)
+    zeros = _zeros(shape, dtype, config.num_layers, None if shardings is None else shardings.rows)
     return RowCache(CacheArrays(zeros, None), (np.zeros(0, np.int32),) * layout.flat_rows,
                     np.zeros(layout.flat_rows, np.int32), None, layout, CacheStats())
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _zeros(shape: tuple[int, ...], dtype, shardings: KVCache | None) -> KVCache:
-    rows = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _zeros(shape: tuple[int, ...], dtype, layers: int,
+           shardings: NamedSharding | None) -> tuple[LayerCache, ...]:
+    rows = tuple((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(layers))
     return rows if shardings is None else jax.lax.with_sharding_constraint(rows, shardings)
 
 
@@ -319,7 +322,8 @@ def _plan(cache: RowCache, views: dict[int, np.ndarray], sampling: SamplingConfi
 
 
 @functools.partial(jax.jit, static_argnames=("extra", "shardings"))
-def _padded_slots(rows: KVCache, extra: int, shardings: KVCache | None) -> KVCache:
+def _padded_slots(rows: tuple[LayerCache, ...], extra: int,
+                  shardings: NamedSharding | None) -> tuple[LayerCache, ...]:
     rows = jax.tree.map(lambda x: jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, extra), (0, 0)]), rows)
     return rows if shardings is None else jax.lax.with_sharding_constraint(rows, shardings)
 
@@ -336,11 +340,11 @@ def _with_capacity(cache: RowCache, needed: int) -> RowCache:
 
 
 def _prefill(model: nnx.Module, arrays: CacheArrays, tokens: jax.Array, starts: jax.Array,
-             prefix_lengths: jax.Array) -> tuple[jax.Array, KVCache, SharedPrefix | None]:
+             prefix_lengths: jax.Array) -> tuple[jax.Array, list[LayerCache], SharedPrefix | None]:
     """Hidden states of the new tokens [B, W] at positions starts + 0..W-1, written into the rows' caches."""
     positions = starts[:, None] + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
     prefix = None if arrays.prefix is None else SharedPrefix(arrays.prefix, prefix_lengths)
-    hidden, rows = model.hidden(tokens, positions, arrays.rows, prefix)
+    hidden, rows = model.hidden_by_layer(tokens, positions, arrays.rows, prefix)
     return hidden, rows, prefix
 
 
@@ -367,7 +371,7 @@ def _extend_call(graphdef: nnx.GraphDef, params: Params, arrays: CacheArrays, to
                  shardings: CacheArrays | None) -> CacheArrays:
     def member(params, arrays, tokens, starts, prefix_lengths, _):
         _, rows, _ = _prefill(bind(graphdef, params), arrays, tokens, starts, prefix_lengths)
-        return arrays._replace(rows=rows)
+        return arrays._replace(rows=tuple(rows))
 
     return _constrained(_per_member(member, population, params, arrays, None, tokens, starts, prefix_lengths),
                         shardings)
@@ -383,9 +387,8 @@ def _generate_call(graphdef: nnx.GraphDef, params: Params, arrays: CacheArrays, 
         model = bind(graphdef, params)
         hidden, rows, prefix = _prefill(model, arrays, tokens, starts, prefix_lengths)
         logits = last_logits(model, hidden, lengths)
-        out, cache = sample_loop(model, list(zip(rows.k, rows.v)), prefix, logits, starts + lengths,
-                                 lengths > 0, key, config)
-        return out, arrays._replace(rows=KVCache(*(jnp.stack(layers) for layers in zip(*cache))))
+        out, rows = sample_loop(model, rows, prefix, logits, starts + lengths, lengths > 0, key, config)
+        return out, arrays._replace(rows=tuple(rows))
 
     out, arrays = _per_member(member, population, params, arrays, key, tokens, lengths, starts,
                               prefix_lengths)

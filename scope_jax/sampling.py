@@ -24,7 +24,7 @@ are overwritten by a row's own tokens before any query of that row can attend to
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import chex
 import jax
@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scope_jax import sharding
-from scope_jax.models.decoder import (KVCache, Params, SharedPrefix, bind, population_axes,
+from scope_jax.models.decoder import (KVCache, LayerCache, Params, SharedPrefix, bind, population_axes,
                                       rope_inverse_frequencies)
 
 MIN_PROMPT_BUCKET = 16
@@ -127,7 +127,7 @@ class _State(NamedTuple):
     """Carry of the decode loop: `index` tokens exist; the next one gets column `index`."""
 
     index: jax.Array
-    cache: list[tuple[jax.Array, jax.Array]]  # per layer (k, v) [B, kv_heads, max_len, head_dim]
+    cache: list[LayerCache]  # per layer (k, v) [B, kv_heads, max_len, head_dim]
     tokens: jax.Array
     logprobs: jax.Array
     lengths: jax.Array
@@ -183,9 +183,9 @@ def last_logits(model: nnx.Module, hidden: jax.Array, lengths: jax.Array) -> jax
     return model.logits(jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0])
 
 
-def sample_loop(model: nnx.Module, cache: list[tuple[jax.Array, jax.Array]], prefix: SharedPrefix | None,
+def sample_loop(model: nnx.Module, cache: Sequence[LayerCache], prefix: SharedPrefix | None,
                 logits: jax.Array, ends: jax.Array, active: jax.Array, key: jax.Array,
-                config: SamplingConfig) -> tuple[SampleOutput, list[tuple[jax.Array, jax.Array]]]:
+                config: SamplingConfig) -> tuple[SampleOutput, list[LayerCache]]:
     """Sample from `logits` [B, V], then decode: (the samples, the cache after the last step).
 
     cache: per layer (k, v) [B, kv_heads, slots, head_dim] holding every row's context; row b's context
@@ -197,17 +197,14 @@ def sample_loop(model: nnx.Module, cache: list[tuple[jax.Array, jax.Array]], pre
     (`Block.decode_step`), on kernels transposed once before the loop.
     """
     new = config.max_new_tokens
-    block_graphdef, stacked = nnx.split(model.layers)
-    blocks = [nnx.merge(block_graphdef, jax.tree.map(lambda a: a[i], stacked))
-              for i in range(model.config.num_layers)]
+    blocks = model.blocks()
     # Materialised before the loop: left to itself, XLA folds the transposes back into the matmuls.
     weights, head = jax.lax.optimization_barrier(([block.decode_weights() for block in blocks],
                                                   model.head_weight().T))  # head [vocab, d]
-    prefixes = ([None] * len(blocks) if prefix is None else
-                [(k, v, prefix.lengths) for k, v in zip(prefix.cache.k, prefix.cache.v)])
+    prefixes = [None] * len(blocks) if prefix is None else prefix.by_layer()
     inv_freq = rope_inverse_frequencies(model.config)
     batch = logits.shape[0]
-    state = _State(index=jnp.zeros((), jnp.int32), cache=cache,
+    state = _State(index=jnp.zeros((), jnp.int32), cache=[tuple(layer) for layer in cache],
                    tokens=jnp.full((batch, new), config.pad_token_id, jnp.int32),
                    logprobs=jnp.zeros((batch, new), jnp.float32),
                    lengths=jnp.zeros((batch,), jnp.int32), done=~active)

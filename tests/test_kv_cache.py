@@ -147,9 +147,11 @@ def test_rows_over_eight_devices_give_the_tokens_of_one_and_stay_sharded():
         np.testing.assert_array_equal(a.tokens, b.tokens)
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
     # 4 rows padded to 8, one or more per device; the cache's row axis stays split over (data, fsdp)
-    assert cache.arrays.rows.k.shape[1] == 8
-    assert cache.arrays.rows.k.sharding.spec[1] == sharding.BATCH_AXES
-    assert len({shard.device for shard in cache.arrays.rows.k.addressable_shards}) == 8
+    for k, v in cache.arrays.rows:
+        for x in (k, v):
+            assert x.shape[0] == 8
+            assert x.sharding.spec[0] == sharding.BATCH_AXES
+            assert len({shard.device for shard in x.addressable_shards}) == 8
 
 
 def test_a_view_that_is_not_an_extension_is_reprefilled_and_counted():
@@ -219,7 +221,7 @@ def test_the_cache_is_donated_and_a_shared_prefix_is_stored_once_per_group():
     views = [prompt + [6 + r, 7 + r] for r in range(16)]
     cache = kv_cache.create(graphdef, params, 16)
     config = dataclasses.replace(GREEDY, stop_token_ids=())
-    before = cache.arrays.rows.k
+    before = cache.arrays.rows[0][0]
     out, cache = kv_cache.generate(graphdef, params, cache, views, jax.random.key(0), config)
     assert before.is_deleted()
     assert cache.arrays.prefix.k.shape[1] == 1 and cache.arrays.prefix.k.shape[3] == 1024
@@ -233,6 +235,27 @@ def test_the_cache_is_donated_and_a_shared_prefix_is_stored_once_per_group():
                                              config, False, None).compile()
     assert compiled.memory_analysis().temp_size_in_bytes < 16 * 1000 * per_token / 2
 
+
+
+def test_a_call_writes_into_the_rows_caches_in_place():
+    """Generating and extending write each row's new keys and values into the donated per-layer arrays:
+    each program's scratch memory stays below a third of the rows' caches. A program that copies the
+    caches (as a scan over a stacked cache does, out of it and back) needs at least one whole copy. (Four
+    layers of 64-wide heads, so that the attention's scores are small beside the caches.)"""
+    config = dataclasses.replace(CONFIG, num_layers=4, num_kv_heads=4, head_dim=64)
+    graphdef, params = init(config)
+    cache = kv_cache.create(graphdef, params, 16, groups=None, capacity=1024)
+    rows_bytes = sum(x.nbytes for layer in cache.arrays.rows for x in layer)
+    flat = kv_cache._flat_views(cache.layout, [[6 + r, 7, 8] for r in range(16)])
+    call = kv_cache._plan(cache, flat, GREEDY)
+    generating = kv_cache._generate_call.lower(graphdef, params, cache.arrays, call.tokens, call.lengths,
+                                               call.starts, call.prefix_lengths, jax.random.key(0), GREEDY,
+                                               False, None)
+    call = kv_cache._plan(cache, flat, None)
+    extending = kv_cache._extend_call.lower(graphdef, params, cache.arrays, call.tokens, call.starts,
+                                            call.prefix_lengths, False, None)
+    for program in (generating, extending):
+        assert program.compile().memory_analysis().temp_size_in_bytes < rows_bytes / 3
 
 def test_bad_input_is_refused_with_a_clear_error():
     graphdef, params = tiny(512)

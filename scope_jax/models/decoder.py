@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import chex
 import jax
@@ -50,6 +50,9 @@ class KVCache(NamedTuple):
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
+LayerCache = tuple[jax.Array, jax.Array]  # one layer's (k, v) [batch, num_kv_heads, max_len, head_dim]
+
+
 class SharedPrefix(NamedTuple):
     """Prompt prefixes shared by groups of consecutive rows: their keys and values `cache`
     [num_layers, groups, num_kv_heads, prefix_len, head_dim], and how many of its group's prefix tokens each
@@ -57,6 +60,10 @@ class SharedPrefix(NamedTuple):
 
     cache: KVCache
     lengths: jax.Array
+
+    def by_layer(self) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
+        """Each layer's (k, v, lengths), the `prefix` a layer takes."""
+        return [(k, v, self.lengths) for k, v in zip(self.cache.k, self.cache.v)]
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> jax.Array:
@@ -393,6 +400,32 @@ class Decoder(nnx.Module):
                    None if prefix is None else tuple(prefix.cache))
         x, new_cache = jax.lax.scan(layer, x, scanned)
         return self.norm(x), (None if cache is None else KVCache(*new_cache))
+
+    def blocks(self) -> list[Block]:
+        """The layers as separate modules, each over its own slice of the stacked weights: for loops that
+        run the layers one after another, unrolled (XLA:CPU copies a layer's slice out of a stacked array at
+        every step of a scan)."""
+        graphdef, stacked = nnx.split(self.layers)
+        layer = lambda i: jax.tree.map(lambda a: a[i], stacked)
+        return [nnx.merge(graphdef, layer(i)) for i in range(self.config.num_layers)]
+
+    def hidden_by_layer(self, tokens: jax.Array, positions: jax.Array, caches: Sequence[LayerCache],
+                        prefix: SharedPrefix | None = None) -> tuple[jax.Array, list[LayerCache]]:
+        """`hidden` over a cache held layer by layer, caches[i] = layer i's (k, v) [B, kv_heads, slots,
+        head_dim], with the layers unrolled: each layer writes its new keys and values into its own arrays,
+        in place when they are donated. (A scan over a stacked cache copies every layer's whole cache out
+        and back at every call.)"""
+        chex.assert_rank([tokens, positions], 2)
+        chex.assert_equal_shape([tokens, positions])
+        chex.assert_equal(len(caches), self.config.num_layers)
+        x = self.embed_tokens(tokens)
+        inv_freq = rope_inverse_frequencies(self.config)
+        prefixes = [None] * len(caches) if prefix is None else prefix.by_layer()
+        new_caches = []
+        for block, cache, layer_prefix in zip(self.blocks(), caches, prefixes):
+            x, cache = block(x, positions, inv_freq, cache, layer_prefix)
+            new_caches.append(cache)
+        return self.norm(x), new_caches
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits [..., vocab] of final hidden states [..., d]."""
