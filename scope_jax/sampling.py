@@ -204,6 +204,7 @@ def sample_loop(model: nnx.Module, cache: Sequence[LayerCache], prefix: SharedPr
     prefixes = [None] * len(blocks) if prefix is None else prefix.by_layer()
     inv_freq = rope_inverse_frequencies(model.config)
     batch = logits.shape[0]
+    # The carry's structure is the loop body's, a list of (k, v) tuples, whatever sequence came in.
     state = _State(index=jnp.zeros((), jnp.int32), cache=[tuple(layer) for layer in cache],
                    tokens=jnp.full((batch, new), config.pad_token_id, jnp.int32),
                    logprobs=jnp.zeros((batch, new), jnp.float32),
