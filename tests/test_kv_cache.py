@@ -236,7 +236,6 @@ def test_the_cache_is_donated_and_a_shared_prefix_is_stored_once_per_group():
     assert compiled.memory_analysis().temp_size_in_bytes < 16 * 1000 * per_token / 2
 
 
-
 def test_a_call_writes_into_the_rows_caches_in_place():
     """Generating and extending write each row's new keys and values into the donated per-layer arrays:
     each program's scratch memory stays below a third of the rows' caches. A program that copies the
@@ -256,6 +255,7 @@ def test_a_call_writes_into_the_rows_caches_in_place():
                                             call.prefix_lengths, False, None)
     for program in (generating, extending):
         assert program.compile().memory_analysis().temp_size_in_bytes < rows_bytes / 3
+
 
 def test_bad_input_is_refused_with_a_clear_error():
     graphdef, params = tiny(512)
