@@ -34,8 +34,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from scope_jax import sharding
-from scope_jax.models.decoder import (KVCache, LayerCache, Params, SharedPrefix, bind, population_axes,
-                                      rope_inverse_frequencies)
+from scope_jax.models.decoder import (KVCache, LayerCache, Params, SharedPrefix, bind, layer_prefixes,
+                                      population_axes, rope_inverse_frequencies)
 
 MIN_PROMPT_BUCKET = 16
 
@@ -201,7 +201,7 @@ def sample_loop(model: nnx.Module, cache: Sequence[LayerCache], prefix: SharedPr
     # Materialised before the loop: left to itself, XLA folds the transposes back into the matmuls.
     weights, head = jax.lax.optimization_barrier(([block.decode_weights() for block in blocks],
                                                   model.head_weight().T))  # head [vocab, d]
-    prefixes = [None] * len(blocks) if prefix is None else prefix.by_layer()
+    prefixes = layer_prefixes(prefix, len(blocks))
     inv_freq = rope_inverse_frequencies(model.config)
     batch = logits.shape[0]
     # The carry's structure is the loop body's, a list of (k, v) tuples, whatever sequence came in.

@@ -61,9 +61,12 @@ class SharedPrefix(NamedTuple):
     cache: KVCache
     lengths: jax.Array
 
-    def by_layer(self) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
-        """Each layer's (k, v, lengths), the `prefix` a layer takes."""
-        return [(k, v, self.lengths) for k, v in zip(self.cache.k, self.cache.v)]
+
+def layer_prefixes(prefix: SharedPrefix | None, num_layers: int) -> list[tuple[jax.Array, ...] | None]:
+    """The `prefix` each layer takes: its (k, v, lengths), or None for every layer without a prefix."""
+    if prefix is None:
+        return [None] * num_layers
+    return [(k, v, prefix.lengths) for k, v in zip(prefix.cache.k, prefix.cache.v)]
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> jax.Array:
@@ -420,7 +423,7 @@ class Decoder(nnx.Module):
         chex.assert_equal(len(caches), self.config.num_layers)
         x = self.embed_tokens(tokens)
         inv_freq = rope_inverse_frequencies(self.config)
-        prefixes = [None] * len(caches) if prefix is None else prefix.by_layer()
+        prefixes = layer_prefixes(prefix, len(caches))
         new_caches = []
         for block, cache, layer_prefix in zip(self.blocks(), caches, prefixes):
             x, cache = block(x, positions, inv_freq, cache, layer_prefix)
