@@ -82,6 +82,16 @@ def test_the_readme_train_step_row_quotes_the_float32_rerun_without_avx512():
     assert f"matmul peak {peak(name)} against {peak('train_step_smollm2_amd_epyc_avx2.txt')} GFLOP/s" in row
 
 
+def test_the_readme_train_step_and_sft_rows_quote_the_earlier_intel_runs_of_the_same_host():
+    readme = (ROOT / "README.md").read_text().splitlines()
+    for bench, reference in (("train_step", "torch"), ("sft", "peft")):
+        row = next(line for line in readme if line.startswith(f"| `{bench}`"))
+        quoted = re.findall(rf"docs/bench/({bench}_smollm2_intel_xeon_93b9849_\w+\.txt) ([\d.]+)", row)
+        assert len(quoted) == 2, quoted
+        for name, ratio in quoted:
+            assert ratio == summary(name, reference)["float32"][2], name
+
+
 def test_the_readme_sampler_row_quotes_the_committed_output():
     readme = (ROOT / "README.md").read_text().splitlines()
     row = next(line for line in readme if line.startswith("| `sampler`"))
