@@ -32,13 +32,13 @@ def test_the_readme_rollout_row_quotes_the_committed_p4g_and_tau2_outputs():
     assert f"**{p4g['ours, re-prefilling'][cached_x]}x**" in row
     assert f"{p4g['transformers, past_key_values'][cached_x]}x transformers with" in row
 
-    name = "rollout_smollm2_p4g_amd_epyc_avx2_e5106ac.txt"
-    (avx2,) = tables(name)
-    quoted = row.split(f"docs/bench/{name}")[1]  # the numbers follow the file's name
-    cached, carried, reprefilled, theirs = (avx2[column] for column in COLUMNS)
-    assert quoted.startswith(f"): **{theirs[cached_x]}** over transformers re-prefilling ({cached[1]} vs "
-                             f"{theirs[1]} s), {reprefilled[cached_x]}x ours re-prefilling, "
-                             f"{carried[cached_x]}x transformers with"), quoted[:200]
+    for name in ("rollout_smollm2_p4g_amd_epyc_avx2_e5106ac.txt", "rollout_smollm2_p4g_intel_xeon.txt"):
+        (machine,) = tables(name)
+        quoted = row.split(f"docs/bench/{name}")[1]  # the numbers follow the file's name
+        cached, carried, reprefilled, theirs = (machine[column] for column in COLUMNS)
+        assert quoted.startswith(f"): **{theirs[cached_x]}** over transformers re-prefilling ({cached[1]} vs "
+                                 f"{theirs[1]} s), {reprefilled[cached_x]}x ours re-prefilling, "
+                                 f"{carried[cached_x]}x transformers with"), quoted[:200]
 
     first_turns, whole = tables("rollout_smollm2_tau2.txt")  # whole: measured turns, wall s, cached x
     assert f"**{first_turns['transformers, re-prefilling'][cached_x]}x** transformers re-prefilling" in row
