@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.custom_derivatives import SymbolicZero
 
+from scope_jax.models import cpu_gemm
 from scope_jax.models.decoder import Params, bind
 from scope_jax.models.layouts import xla_cpu_layouts
 
@@ -48,8 +49,8 @@ class TokenStats(NamedTuple):
 def _logits(hidden: jax.Array, weight: jax.Array, temperature: float, allowed: jax.Array | None) -> jax.Array:
     """Float32 hidden @ weight / temperature; -1e9 outside `allowed` (bool [V]): finite, since 0 * -inf
     would be nan in the entropy."""
-    logits = jnp.einsum("...d,dv->...v", hidden, weight.astype(hidden.dtype),
-                        preferred_element_type=jnp.float32) / temperature
+    logits = cpu_gemm.dense(hidden, weight.astype(hidden.dtype), preferred_element_type=jnp.float32)
+    logits = logits / temperature
     return logits if allowed is None else jnp.where(allowed, logits, -1e9)
 
 
@@ -86,10 +87,13 @@ def vocab_sums(terms: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
 
 
 def head_weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
-    """sum over tokens of inputs^T grad, [d, vocab]: the output head weight's gradient. On XLA:CPU the
-    small operand (tokens x d) is transposed and the product kept [d, vocab], both behind barriers: left
-    to itself XLA transposes `grad` (tokens x vocab) or the product and multiplies on a slower path."""
+    """sum over tokens of inputs^T grad, [d, vocab]: the output head weight's gradient, in float32 on
+    XLA:CPU by `cpu_gemm`. Otherwise on XLA:CPU the small operand (tokens x d) is transposed and the
+    product kept [d, vocab], both behind barriers: left to itself XLA transposes `grad` (tokens x vocab)
+    or the product and multiplies on a slower path."""
     tokens = lambda a: a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+    if cpu_gemm.uses_mkl(inputs, grad):
+        return cpu_gemm.matmul(tokens(inputs), tokens(grad), transpose_a=True)
     if not xla_cpu_layouts():
         return tokens(inputs).T @ tokens(grad)
     barrier = jax.lax.optimization_barrier
@@ -127,8 +131,8 @@ def _head_stats_forward(hidden, weight, targets, temperature, allowed, entropy_g
                        logits if keep_logits else None)
     # d log p(t) / d logits = onehot(t) - probs (0 outside `allowed`); d logits / d h = W^T / temperature
     target_rows = w.T[t].astype(jnp.float32) * (1.0 if mask is None else mask[t][..., None])
-    expected_row = jnp.einsum("...v,dv->...d", probs.astype(h.dtype), w.astype(h.dtype),
-                              preferred_element_type=jnp.float32)
+    expected_row = cpu_gemm.dense(probs.astype(h.dtype), w.astype(h.dtype), transpose_kernel=True,
+                                  preferred_element_type=jnp.float32)
     d_hidden = ((target_rows - expected_row) / temperature).astype(h.dtype)
     return stats, (None, None, None, None, None, None, None, d_hidden, None)
 
@@ -159,7 +163,8 @@ def _head_stats_backward(temperature, allowed, entropy_gradient, keep_logits, re
     if mask is not None:  # outside `allowed` the logits are a constant
         d_logits = jnp.where(mask, d_logits, 0.0)
     d_logits = (d_logits / temperature).astype(h.dtype)
-    d_h = jnp.einsum("...v,dv->...d", d_logits, w.astype(h.dtype), preferred_element_type=jnp.float32)
+    d_h = cpu_gemm.dense(d_logits, w.astype(h.dtype), transpose_kernel=True,
+                         preferred_element_type=jnp.float32)
     d_w = None if weight_inputs is None else head_weight_grad(weight_inputs, d_logits).astype(w.dtype)
     return d_h.astype(h.dtype), d_w, None
 

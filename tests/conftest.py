@@ -20,6 +20,7 @@ import gc
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -50,6 +51,22 @@ def qwen3_folders(monkeypatch):
     present = lambda spec: spec if "/Qwen3-" in spec else hf.model_path(spec)
     for module in (players, judge):
         monkeypatch.setattr(module, "model_path", present)
+
+
+@pytest.fixture(params=["0", "1"], ids=["xla-dot", "mkl"])
+def matmul_path(request, monkeypatch):
+    """The float32 matmuls through XLA's dot, then through MKL (`cpu_gemm`, which must be available on
+    x86-64 Linux, where the package depends on MKL; skipped elsewhere)."""
+    import platform
+
+    from scope_jax.models import cpu_gemm
+
+    monkeypatch.setenv(cpu_gemm.SWITCH, request.param)
+    if request.param == "1" and not cpu_gemm.handler_registered():
+        if sys.platform == "linux" and platform.machine() == "x86_64":
+            pytest.fail("cpu_gemm's MKL handler is unavailable (see the logged warning)")
+        pytest.skip("no MKL on this platform")
+    return request.param
 
 
 def memory_maps() -> int:

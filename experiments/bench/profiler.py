@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import jax
 
+from scope_jax.models import cpu_gemm
+
 DECODE_KINDS = (  # (kind, pattern of the jax op name or HLO instruction) in the order they are tried;
     # the head is token-major in the prefill and feature-major (vd,db->vb) in the decode loop
     ("output head", r"\.\.\.d,dv->\.\.\.v|vd,db->vb"),
@@ -63,14 +65,16 @@ def instruction_ops(hlo: str) -> dict[str, str]:
 
 
 def dot_instructions(hlo: str) -> set[str]:
-    """The HLO instructions of compiled HLO text that are a dot or call a computation holding one (a fusion
-    of a matmul with the elementwise work or reduction after it is named after its root, not the dot)."""
+    """The HLO instructions of compiled HLO text that are a dot, a `cpu_gemm` custom call, or call a
+    computation holding one (a fusion of a matmul with the elementwise work or reduction after it is named
+    after its root, not the dot)."""
     holds_dot: dict[str, bool] = {}  # per computation
     dots = set()
     for computation, name, text in _instructions(hlo):
         opcode = re.match(r".*?([\w-]+)\(", text)
         called = re.search(r"\bcalls=%([\w.-]+)", text)
-        holds = opcode and opcode.group(1) == "dot" or called and holds_dot.get(called.group(1))
+        holds = (opcode and (opcode.group(1) == "dot" or cpu_gemm.TARGET in text)
+                 or called and holds_dot.get(called.group(1)))
         if computation and holds:
             dots.add(name)
             holds_dot[computation] = True

@@ -27,7 +27,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from scope_jax.models import attention
+from scope_jax.models import attention, cpu_gemm
+from scope_jax.models.cpu_gemm import dense
 from scope_jax.models.config import ModelConfig
 from scope_jax.models.layouts import xla_cpu_layouts
 
@@ -145,16 +146,16 @@ rms_norm.defvjp(_rms_norm_forward, _rms_norm_backward)
 @jax.custom_vjp
 def projection(x: jax.Array, kernel: jax.Array) -> jax.Array:
     """x @ kernel over the last axis of x, whose kernel gradient takes `weight_grad`'s form."""
-    return x @ kernel
+    return dense(x, kernel)
 
 
 def _projection_forward(x, kernel):
-    return x.value @ kernel.value, (x.value if kernel.perturbed else None, kernel.value)
+    return dense(x.value, kernel.value), (x.value if kernel.perturbed else None, kernel.value)
 
 
 def _projection_backward(residuals, grad):
     x, kernel = residuals
-    return grad @ kernel.T, None if x is None else weight_grad(x, grad)
+    return dense(grad, kernel, transpose_kernel=True), None if x is None else weight_grad(x, grad)
 
 
 projection.defvjp(_projection_forward, _projection_backward, symbolic_zeros=True)
@@ -241,24 +242,28 @@ def normed_swiglu_mlp(x: jax.Array, norm_weight: jax.Array, w_gate: jax.Array, w
     hand-written backward pass. It keeps x, which the layer keeps anyway for the norm, rather than n, and
     computes n again: one activation fewer saved per layer."""
     normed = rms_norm(x, norm_weight, eps, -1)
-    return (jax.nn.silu(normed @ w_gate) * (normed @ w_up)) @ w_down
+    return dense(jax.nn.silu(dense(normed, w_gate)) * dense(normed, w_up), w_down)
 
 
 def _normed_swiglu_mlp_forward(x, norm_weight, w_gate, w_up, w_down, eps):
     normed, (_, inverse_root, _) = _rms_norm_forward(x, norm_weight, eps, -1)
-    gate, up = normed @ w_gate, normed @ w_up
-    return (jax.nn.silu(gate) * up) @ w_down, (x, inverse_root, norm_weight, gate, up, w_gate, w_up, w_down)
+    gate, up = dense(normed, w_gate), dense(normed, w_up)
+    residuals = (x, inverse_root, norm_weight, gate, up, w_gate, w_up, w_down)
+    return dense(jax.nn.silu(gate) * up, w_down), residuals
 
 
 def weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
-    """sum over tokens of inputs^T grad, [d_in, d_out]; on XLA:CPU computed as (grad^T inputs)^T.
+    """sum over tokens of inputs^T grad, [d_in, d_out]: in float32 on XLA:CPU by `cpu_gemm`, otherwise on
+    XLA:CPU computed as (grad^T inputs)^T.
 
-    XLA:CPU wants the right operand of a weight-gradient matmul transposed. Written the autodiff way
+    XLA:CPU's dot wants the right operand of a weight-gradient matmul transposed. Written the autodiff way
     (inputs^T grad) that operand is `grad`, which XLA then computes column-wise inside the elementwise
     fusion that produces it (the largest single cost of the backward pass); this way it is `inputs`, a
     plain copy. The barrier stops XLA from swapping the operands back.
     """
     tokens = lambda a: a.reshape(math.prod(a.shape[:-1]), a.shape[-1])  # also for a rank-0 update's [..., 0]
+    if cpu_gemm.uses_mkl(inputs, grad):
+        return cpu_gemm.matmul(tokens(inputs), tokens(grad), transpose_a=True)
     if not xla_cpu_layouts():
         return tokens(inputs).T @ tokens(grad)
     return jax.lax.optimization_barrier(tokens(grad).T @ tokens(inputs)).T
@@ -269,10 +274,10 @@ def _normed_swiglu_mlp_backward(eps, residuals, grad):
     normed = _normalized(x, norm_weight, inverse_root)
     s = jax.nn.sigmoid(gate)
     act = gate * s
-    d_hidden = grad @ w_down.T
+    d_hidden = dense(grad, w_down, transpose_kernel=True)
     d_gate = d_hidden * up * s * (1 + gate * (1 - s))
     d_up = d_hidden * act
-    d_normed = d_gate @ w_gate.T + d_up @ w_up.T
+    d_normed = dense(d_gate, w_gate, transpose_kernel=True) + dense(d_up, w_up, transpose_kernel=True)
     d_x, d_norm_weight = _rms_norm_backward(eps, -1, (x, inverse_root, norm_weight), d_normed)
     return (d_x, d_norm_weight, weight_grad(normed, d_gate), weight_grad(normed, d_up),
             weight_grad(act * up, grad))

@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx
 
 from scope_jax.models import decoder
+from scope_jax.models.cpu_gemm import dense
 from scope_jax.models.decoder import MLP, Block, Decoder, DecodeWeights, Params, weight_grad
 from scope_jax.models.hf import read_safetensors
 
@@ -103,7 +104,7 @@ def adapted_matmul(x: jax.Array, kernel: jax.Array, a: jax.Array, b: jax.Array) 
     """x (W + A B) over the last axis of x, in x's dtype, for a frozen kernel W: the forward merges A B
     into W (one matmul of x instead of three, the merge in W's dtype) and the backward computes x's, A's
     and B's gradients only; differentiating W is refused."""
-    return x @ _merged(kernel, a, b, x.dtype)
+    return dense(x, _merged(kernel, a, b, x.dtype))
 
 
 def _merged(kernel: jax.Array, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
@@ -115,7 +116,7 @@ def _adapted_matmul_forward(x, kernel, a, b):
         raise ValueError("adapted_matmul differentiates x and the adapter only: its kernel must be frozen "
                          "(a LoRA base under stop_gradient)")
     x, kernel, a, b = (p.value for p in (x, kernel, a, b))
-    return x @ _merged(kernel, a, b, x.dtype), (x, x @ a.astype(x.dtype), kernel, a, b)
+    return dense(x, _merged(kernel, a, b, x.dtype)), (x, x @ a.astype(x.dtype), kernel, a, b)
 
 
 def _adapted_matmul_backward(residuals, grad):
@@ -123,8 +124,8 @@ def _adapted_matmul_backward(residuals, grad):
     # kernel would cost P models, the merge itself is a rank-r product.
     x, xa, kernel, a, b = residuals
     d_xa = grad @ b.astype(grad.dtype).T
-    return (grad @ _merged(kernel, a, b, grad.dtype).T, None, weight_grad(x, d_xa).astype(a.dtype),
-            weight_grad(xa, grad).astype(b.dtype))
+    return (dense(grad, _merged(kernel, a, b, grad.dtype), transpose_kernel=True), None,
+            weight_grad(x, d_xa).astype(a.dtype), weight_grad(xa, grad).astype(b.dtype))
 
 
 adapted_matmul.defvjp(_adapted_matmul_forward, _adapted_matmul_backward, symbolic_zeros=True)
@@ -183,8 +184,8 @@ def _adapted_swiglu_forward(x, gate, up, down):
                          "frozen (a LoRA base under stop_gradient)")
     x, gate, up, down = jax.tree.map(lambda p: p.value, (x, gate, up, down),
                                      is_leaf=lambda p: hasattr(p, "perturbed"))
-    g, u = x @ _merged(*gate, x.dtype), x @ _merged(*up, x.dtype)
-    return (jax.nn.silu(g) * u) @ _merged(*down, x.dtype), (x, g, u, gate, up, down)
+    g, u = dense(x, _merged(*gate, x.dtype)), dense(x, _merged(*up, x.dtype))
+    return dense(jax.nn.silu(g) * u, _merged(*down, x.dtype)), (x, g, u, gate, up, down)
 
 
 def _adapted_swiglu_backward(residuals, grad):

@@ -103,7 +103,7 @@ def test_no_base_weight_gradient_is_computed(adapted):
     assert products and not kernels & over_tokens, kernels & over_tokens
 
 
-def test_the_adapted_matmul_backward_equals_autodiff_and_refuses_a_trained_kernel():
+def test_the_adapted_matmul_backward_equals_autodiff_and_refuses_a_trained_kernel(matmul_path):
     x, w, a, b, cotangent = (jax.random.normal(jax.random.key(i), shape) for i, shape in
                              enumerate([(2, 5, 12), (12, 7), (12, 3), (3, 7), (2, 5, 7)]))
     frozen = lambda x, a, b: lora.adapted_matmul(x, jax.lax.stop_gradient(w), a, b)
@@ -117,7 +117,7 @@ def test_the_adapted_matmul_backward_equals_autodiff_and_refuses_a_trained_kerne
 
 
 @pytest.mark.parametrize("up_rank", [3, 0], ids=["all-adapted", "up-plain"])
-def test_the_adapted_swiglu_backward_equals_autodiff_and_refuses_a_trained_kernel(up_rank):
+def test_the_adapted_swiglu_backward_equals_autodiff_and_refuses_a_trained_kernel(up_rank, matmul_path):
     """Against autodiff of silu(x Wg') * (x Wu') Wd' with W' = W + A B written out; a projection that
     is not a target has a rank-0 update."""
     keys = iter(jax.random.split(jax.random.key(0), 12))

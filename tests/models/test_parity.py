@@ -62,7 +62,7 @@ def test_logits_match_transformers(pair):
     np.testing.assert_allclose(np.asarray(ours), ref, atol=1e-4, rtol=0)
 
 
-def test_gradients_match_torch(pair):
+def test_gradients_match_torch(pair, matmul_path):
     """Every parameter's gradient of a masked token log-prob loss equals torch's (the decoder has
     hand-written backward passes, so the forward parity above does not cover them)."""
     model, config, graphdef, params = pair

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 SGD = OptimizerConfig(name="sgd", learning_rate=1.0, max_grad_norm=0.0)
 
 
-def test_sft_loss_and_gradient_match_transformers(tmp_path):
+def test_sft_loss_and_gradient_match_transformers(tmp_path, matmul_path):
     model = build_tiny_hf("llama", tmp_path)
     config, (graphdef, params), _ = from_pretrained(tmp_path)
     rng = np.random.default_rng(0)

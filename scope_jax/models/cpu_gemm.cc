@@ -1,0 +1,107 @@
+// op(a) @ op(b) in float32 through a single-threaded 64-bit-integer cblas_sgemm (MKL's, set from Python by
+// set_sgemm), as an XLA FFI handler for the CPU (scope_jax/models/cpu_gemm.py). Operands are
+// [batch..., rows, cols] with equal batch dimensions (the leading dimensions a vmap broadcasts); op
+// transposes the last two dimensions when asked.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+using Sgemm = void (*)(int layout, int transpose_a, int transpose_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                       float* c, int64_t ldc);
+static Sgemm sgemm = nullptr;
+
+extern "C" void set_sgemm(void* fn) { sgemm = reinterpret_cast<Sgemm>(fn); }
+
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+constexpr int64_t kMinSide = 64, kBlocksPerThread = 2;  // a block's side at least; blocks per pool thread
+
+struct Work {
+  std::atomic<int64_t> next{0}, done{0};
+  int64_t total = 0;
+  std::mutex mutex;
+  std::condition_variable finished;
+};
+
+static ffi::Error Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
+                       ffi::ResultBuffer<ffi::F32> c, bool transpose_a, bool transpose_b) {
+  if (sgemm == nullptr) return ffi::Error::Internal("cpu_gemm: no sgemm was set");
+  auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
+  const size_t rank = ad.size();
+  if (rank < 2 || bd.size() != rank || cd.size() != rank)
+    return ffi::Error::InvalidArgument("cpu_gemm: operands of equal rank >= 2 expected");
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < rank; ++i) {
+    if (ad[i] != bd[i] || ad[i] != cd[i])
+      return ffi::Error::InvalidArgument("cpu_gemm: batch dimensions differ");
+    batch *= ad[i];
+  }
+  const int64_t a_rows = ad[rank - 2], a_cols = ad[rank - 1], b_rows = bd[rank - 2], b_cols = bd[rank - 1];
+  const int64_t m = transpose_a ? a_cols : a_rows, k = transpose_a ? a_rows : a_cols;
+  const int64_t n = transpose_b ? b_rows : b_cols;
+  if ((transpose_b ? b_cols : b_rows) != k || cd[rank - 2] != m || cd[rank - 1] != n)
+    return ffi::Error::InvalidArgument("cpu_gemm: shapes do not multiply");
+  float* out = c->typed_data();
+  if (m == 0 || n == 0 || batch == 0) return ffi::Error::Success();
+  if (k == 0) {
+    std::memset(out, 0, sizeof(float) * batch * m * n);
+    return ffi::Error::Success();
+  }
+  // Blocks of every batch entry's product, split along its longer side (rows or columns), each a
+  // single-threaded sgemm, run by this thread and by helpers on XLA's own intra-op pool: whoever is free
+  // takes the next block, so a helper that starts late finds none left and nothing waits on a busy pool.
+  const bool by_rows = m >= n;
+  const int64_t side = by_rows ? m : n;
+  const int64_t blocks =
+      std::max<int64_t>(1, std::min<int64_t>(side / kMinSide, kBlocksPerThread * pool.num_threads()));
+  auto work = std::make_shared<Work>();
+  work->total = batch * blocks;
+  auto run_block = [=, a = a.typed_data(), b = b.typed_data()](int64_t index) {
+    const int64_t i = index / blocks, block = index % blocks;
+    const int64_t first = side * block / blocks, size = side * (block + 1) / blocks - first;
+    const float* a_i = a + i * a_rows * a_cols;
+    const float* b_i = b + i * b_rows * b_cols;
+    float* c_i = out + i * m * n;
+    if (by_rows) {  // rows [first, first + size) of op(a)
+      a_i += transpose_a ? first : first * a_cols;
+      c_i += first * n;
+    } else {  // columns [first, first + size) of op(b)
+      b_i += transpose_b ? first * b_cols : first;
+      c_i += first;
+    }
+    sgemm(kRowMajor, transpose_a ? kTrans : kNoTrans, transpose_b ? kTrans : kNoTrans, by_rows ? size : m,
+          by_rows ? n : size, k, 1.0f, a_i, a_cols, b_i, b_cols, 0.0f, c_i, n);
+  };
+  auto take_blocks = [work, run_block] {
+    for (int64_t index; (index = work->next.fetch_add(1)) < work->total;) {
+      run_block(index);
+      if (work->done.fetch_add(1) + 1 == work->total) {
+        std::lock_guard<std::mutex> lock(work->mutex);
+        work->finished.notify_all();
+      }
+    }
+  };
+  for (int64_t helper = 1; helper < std::min<int64_t>(pool.num_threads(), work->total); ++helper)
+    pool.Schedule([take_blocks] { take_blocks(); });
+  take_blocks();
+  std::unique_lock<std::mutex> lock(work->mutex);
+  work->finished.wait(lock, [&] { return work->done.load() == work->total; });
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CpuGemm, Gemm,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<bool>("transpose_a")
+                                  .Attr<bool>("transpose_b"));

@@ -1,0 +1,132 @@
+"""Float32 matmuls on XLA:CPU through MKL's sgemm, called from the compiled program as an XLA FFI custom
+call (docs/models.md, "The float32 GEMM on XLA:CPU").
+
+`matmul(a, b)` is op(a) @ op(b). It calls MKL's `cblas_sgemm_64` when the backend is XLA:CPU with one
+device, both operands are float32, and the handler (`cpu_gemm.cc`) is built: with the C++ compiler `$CXX`
+(default `c++`) against jaxlib's FFI headers, on first use, cached under `$XDG_CACHE_HOME/scope_jax`
+(default `~/.cache`). The handler cuts each product into blocks, each a single-threaded sgemm, and runs
+them on XLA's own intra-op threads. Otherwise it is XLA's own dot: on every accelerator, for bfloat16,
+with several devices (XLA's partitioner cannot split the custom call: it would gather the operands), with
+`SCOPE_JAX_CPU_GEMM=0`, and when MKL or the compiler is missing, which is logged once.
+`SCOPE_JAX_CPU_GEMM=1` takes MKL with several devices too (the tests, which see eight).
+
+The custom call has no autodiff rule: call `matmul` inside a custom_vjp whose backward pass calls it
+again (decoder's `projection` and `normed_swiglu_mlp`, LoRA's `adapted_matmul`, the head's `head_stats`).
+Under vmap every operand gets the batch dimensions, which the handler loops over.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib.metadata
+import logging
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+
+from scope_jax.models.layouts import xla_cpu_layouts
+
+log = logging.getLogger(__name__)
+
+TARGET = "scope_jax_cpu_gemm"
+SOURCE = Path(__file__).with_name("cpu_gemm.cc")
+MKL_THREADING_SEQUENTIAL = 1  # MKL_Set_Threading_Layer's code: one thread per call; the handler splits
+SWITCH = "SCOPE_JAX_CPU_GEMM"  # 0, 1 or auto (`uses_mkl`)
+
+_loaded: list[ctypes.CDLL] = []  # the handler and MKL stay loaded for the life of the process
+
+
+def matmul(a: jax.Array, b: jax.Array, *, transpose_a: bool = False, transpose_b: bool = False,
+           preferred_element_type=None) -> jax.Array:
+    """op(a) @ op(b) of 2-D a and b, op transposing when asked: a [m, k] (or [k, m]), b [k, n] (or [n, k]).
+    `preferred_element_type` applies to XLA's dot; MKL's product is float32 like its operands."""
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"cpu_gemm.matmul takes 2-D operands, got {a.shape} and {b.shape}")
+    a_op, b_op = (a.T if transpose_a else a), (b.T if transpose_b else b)
+    if a_op.shape[1] != b_op.shape[0]:
+        raise ValueError(f"cpu_gemm.matmul: op(a) {a_op.shape} and op(b) {b_op.shape} do not multiply")
+    if not uses_mkl(a, b):
+        return jnp.matmul(a_op, b_op, preferred_element_type=preferred_element_type)
+    result = jax.ShapeDtypeStruct((a_op.shape[0], b_op.shape[1]), jnp.float32)
+    return jax.ffi.ffi_call(TARGET, result, vmap_method="broadcast_all")(
+        a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+def dense(x: jax.Array, kernel: jax.Array, *, transpose_kernel: bool = False,
+          preferred_element_type=None) -> jax.Array:
+    """x [..., k] @ op(kernel), kernel [k, n] (or [n, k] transposed): `matmul` over x's rows."""
+    if not uses_mkl(x, kernel):
+        kernel = kernel.T if transpose_kernel else kernel
+        return jnp.matmul(x, kernel, preferred_element_type=preferred_element_type)
+    rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+    out = matmul(rows, kernel, transpose_b=transpose_kernel, preferred_element_type=preferred_element_type)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def uses_mkl(a: jax.Array, b: jax.Array) -> bool:
+    """Whether `matmul(a, b)` calls MKL (see the module docstring)."""
+    setting = os.environ.get(SWITCH, "auto")
+    if setting not in ("0", "1", "auto"):
+        raise ValueError(f"{SWITCH}={setting!r}: expected 0 (off), 1 (on with several devices too) or auto")
+    if setting == "0" or a.dtype != jnp.float32 or b.dtype != jnp.float32 or not xla_cpu_layouts():
+        return False
+    return (setting == "1" or jax.device_count() == 1) and handler_registered()
+
+
+@functools.cache
+def handler_registered() -> bool:
+    """Build (or find cached), load and register the handler once per process; False, logged, on failure."""
+    try:
+        handler = ctypes.CDLL(str(build(os.environ.get("CXX", "c++"))))
+        mkl = ctypes.CDLL(_mkl_path())
+        if mkl.MKL_Set_Threading_Layer(ctypes.c_int(MKL_THREADING_SEQUENTIAL)) != MKL_THREADING_SEQUENTIAL:
+            raise OSError("MKL did not take its sequential threading layer")
+        handler.set_sgemm(ctypes.cast(mkl.cblas_sgemm_64, ctypes.c_void_p))
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler.CpuGemm), platform="cpu")
+    except (OSError, ImportError, AttributeError, RuntimeError) as e:
+        log.warning("cpu_gemm: MKL's handler is unavailable (%s); float32 matmuls use XLA's dot", e)
+        return False
+    _loaded.extend((handler, mkl))
+    return True
+
+
+def build(compiler: str) -> Path:
+    """The compiled handler, built by `compiler` unless the cache holds it for this source and jaxlib."""
+    include = jax.ffi.include_dir()
+    key = hashlib.sha256(SOURCE.read_bytes() + f"{jaxlib.__version__} {include}".encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scope_jax"
+    target = cache / f"cpu_gemm-{key}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(f".{os.getpid()}.partial")  # concurrent builds never see a half-written file
+    command = [compiler, "-O2", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{include}", str(SOURCE),
+               "-o", str(partial)]
+    try:
+        built = subprocess.run(command, capture_output=True, text=True)
+    except OSError as e:
+        raise RuntimeError(f"cannot run the C++ compiler {compiler!r}: {e}") from e
+    if built.returncode != 0:
+        last = (built.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{compiler!r} failed to build {SOURCE.name} (exit {built.returncode}): {last}")
+    os.replace(partial, target)
+    return target
+
+
+def _mkl_path() -> str:
+    """libmkl_rt of the `mkl` distribution (pip puts it in the environment's lib/)."""
+    try:
+        files = importlib.metadata.files("mkl") or []
+    except importlib.metadata.PackageNotFoundError:
+        raise OSError("the mkl package is not installed") from None
+    found = [f.locate() for f in files if f.name.startswith("libmkl_rt.")]
+    if not found:
+        raise OSError("the mkl package holds no libmkl_rt")
+    return str(Path(found[0]).resolve())
