@@ -92,6 +92,19 @@ def test_the_readme_train_step_and_sft_rows_quote_the_earlier_intel_runs_of_the_
             assert ratio == summary(name, reference)["float32"][2], name
 
 
+def test_the_readme_train_step_and_sft_rows_quote_the_intel_runs_beside_and_before_cpu_gemm():
+    """The first full run with `cpu_gemm` beside the headline, and the headline before it."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    for bench, reference in (("train_step", "torch"), ("sft", "peft")):
+        row = next(line for line in readme if line.startswith(f"| `{bench}`"))
+        name = f"{bench}_smollm2_intel_xeon_71d7ef9_first_run.txt"
+        assert f"docs/bench/{name} {summary(name, reference)['float32'][2]} (load" in row, name
+        name = f"{bench}_smollm2_intel_xeon_93b9849.txt"
+        quoted = row.split(f"docs/bench/{name}")[1]
+        for dtype, (ours, theirs, ratio) in summary(name, reference).items():
+            assert f"{dtype} {ratio} ({ours} vs {theirs} s)" in quoted, (name, dtype)
+
+
 def test_the_readme_sampler_row_quotes_the_committed_output():
     readme = (ROOT / "README.md").read_text().splitlines()
     row = next(line for line in readme if line.startswith("| `sampler`"))
