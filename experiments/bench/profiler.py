@@ -73,7 +73,7 @@ def dot_instructions(hlo: str) -> set[str]:
     for computation, name, text in _instructions(hlo):
         opcode = re.match(r".*?([\w-]+)\(", text)
         called = re.search(r"\bcalls=%([\w.-]+)", text)
-        holds = (opcode and (opcode.group(1) == "dot" or cpu_gemm.TARGET in text)
+        holds = (opcode and (opcode.group(1) == "dot" or any(t in text for t in cpu_gemm.TARGETS.values()))
                  or called and holds_dot.get(called.group(1)))
         if computation and holds:
             dots.add(name)

@@ -1,7 +1,7 @@
-// op(a) @ op(b) in float32 through a single-threaded 64-bit-integer cblas_sgemm (MKL's, set from Python by
-// set_sgemm), as an XLA FFI handler for the CPU (scope_jax/models/cpu_gemm.py). Operands are
-// [batch..., rows, cols] with equal batch dimensions (the leading dimensions a vmap broadcasts); op
-// transposes the last two dimensions when asked.
+// op(a) @ op(b) with a float32 product through a single-threaded 64-bit-integer MKL GEMM (set from Python:
+// set_sgemm for float32 operands, set_gemm_bf16 for bfloat16 ones), as XLA FFI handlers for the CPU
+// (scope_jax/models/cpu_gemm.py). Operands are [batch..., rows, cols] with equal batch dimensions (the
+// leading dimensions a vmap broadcasts); op transposes the last two dimensions when asked.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -14,12 +14,16 @@
 
 namespace ffi = xla::ffi;
 
-using Sgemm = void (*)(int layout, int transpose_a, int transpose_b, int64_t m, int64_t n, int64_t k,
-                       float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                       float* c, int64_t ldc);
-static Sgemm sgemm = nullptr;
+// (layout, transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) of cblas_sgemm_64 and
+// cblas_gemm_bf16bf16f32_64, whose operands are float32 and bfloat16 (uint16_t) respectively.
+template <typename T>
+using Gemm = void (*)(int, int, int, int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t,
+                      float, float*, int64_t);
+static Gemm<float> sgemm = nullptr;
+static Gemm<uint16_t> gemm_bf16 = nullptr;
 
-extern "C" void set_sgemm(void* fn) { sgemm = reinterpret_cast<Sgemm>(fn); }
+extern "C" void set_sgemm(void* fn) { sgemm = reinterpret_cast<Gemm<float>>(fn); }
+extern "C" void set_gemm_bf16(void* fn) { gemm_bf16 = reinterpret_cast<Gemm<uint16_t>>(fn); }
 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 constexpr int64_t kMinSide = 64, kBlocksPerThread = 2;  // a block's side at least; blocks per pool thread
@@ -31,9 +35,10 @@ struct Work {
   std::condition_variable finished;
 };
 
-static ffi::Error Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
-                       ffi::ResultBuffer<ffi::F32> c, bool transpose_a, bool transpose_b) {
-  if (sgemm == nullptr) return ffi::Error::Internal("cpu_gemm: no sgemm was set");
+template <ffi::DataType dtype, typename T>
+static ffi::Error Product(Gemm<T> gemm, ffi::ThreadPool pool, ffi::Buffer<dtype> a, ffi::Buffer<dtype> b,
+                          ffi::ResultBuffer<ffi::F32> c, bool transpose_a, bool transpose_b) {
+  if (gemm == nullptr) return ffi::Error::Internal("cpu_gemm: no GEMM was set for this dtype");
   auto ad = a.dimensions(), bd = b.dimensions(), cd = c->dimensions();
   const size_t rank = ad.size();
   if (rank < 2 || bd.size() != rank || cd.size() != rank)
@@ -64,11 +69,12 @@ static ffi::Error Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffe
       std::max<int64_t>(1, std::min<int64_t>(side / kMinSide, kBlocksPerThread * pool.num_threads()));
   auto work = std::make_shared<Work>();
   work->total = batch * blocks;
-  auto run_block = [=, a = a.typed_data(), b = b.typed_data()](int64_t index) {
+  auto run_block = [=, a = static_cast<const T*>(a.untyped_data()),
+                     b = static_cast<const T*>(b.untyped_data())](int64_t index) {
     const int64_t i = index / blocks, block = index % blocks;
     const int64_t first = side * block / blocks, size = side * (block + 1) / blocks - first;
-    const float* a_i = a + i * a_rows * a_cols;
-    const float* b_i = b + i * b_rows * b_cols;
+    const T* a_i = a + i * a_rows * a_cols;
+    const T* b_i = b + i * b_rows * b_cols;
     float* c_i = out + i * m * n;
     if (by_rows) {  // rows [first, first + size) of op(a)
       a_i += transpose_a ? first : first * a_cols;
@@ -77,7 +83,7 @@ static ffi::Error Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffe
       b_i += transpose_b ? first * b_cols : first;
       c_i += first;
     }
-    sgemm(kRowMajor, transpose_a ? kTrans : kNoTrans, transpose_b ? kTrans : kNoTrans, by_rows ? size : m,
+    gemm(kRowMajor, transpose_a ? kTrans : kNoTrans, transpose_b ? kTrans : kNoTrans, by_rows ? size : m,
           by_rows ? n : size, k, 1.0f, a_i, a_cols, b_i, b_cols, 0.0f, c_i, n);
   };
   auto take_blocks = [work, run_block] {
@@ -97,11 +103,26 @@ static ffi::Error Gemm(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffe
   return ffi::Error::Success();
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CpuGemm, Gemm,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<bool>("transpose_a")
-                                  .Attr<bool>("transpose_b"));
+static ffi::Error Float32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
+                         ffi::ResultBuffer<ffi::F32> c, bool transpose_a, bool transpose_b) {
+  return Product(sgemm, pool, a, b, c, transpose_a, transpose_b);
+}
+
+static ffi::Error Bfloat16(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> a, ffi::Buffer<ffi::BF16> b,
+                          ffi::ResultBuffer<ffi::F32> c, bool transpose_a, bool transpose_b) {
+  return Product(gemm_bf16, pool, a, b, c, transpose_a, transpose_b);
+}
+
+template <ffi::DataType dtype>
+static auto Binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .template Arg<ffi::Buffer<dtype>>()
+      .template Arg<ffi::Buffer<dtype>>()
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Attr<bool>("transpose_a")
+      .template Attr<bool>("transpose_b");
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CpuGemm, Float32, Binding<ffi::F32>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CpuGemmBf16, Bfloat16, Binding<ffi::BF16>());

@@ -1,12 +1,14 @@
-"""Float32 matmuls on XLA:CPU through MKL's sgemm, called from the compiled program as an XLA FFI custom
-call (docs/models.md, "The float32 GEMM on XLA:CPU").
+"""Matmuls on XLA:CPU through MKL, called from the compiled program as an XLA FFI custom call
+(docs/models.md, "The float32 GEMM on XLA:CPU").
 
 `matmul(a, b)` is op(a) @ op(b). It calls MKL's `cblas_sgemm_64` when the backend is XLA:CPU with one
-device, both operands are float32, and the handler (`cpu_gemm.cc`) is built: with the C++ compiler `$CXX`
+device, both operands are float32, and the handler (`cpu_gemm.cc`) is built; for two bfloat16 operands
+it calls `cblas_gemm_bf16bf16f32_64` (float32 accumulation, on the AMX tiles where the CPU has them)
+when the CPU has AVX512_BF16 or AMX-BF16. The handler is built with the C++ compiler `$CXX`
 (default `c++`) against jaxlib's FFI headers, on first use, cached under `$XDG_CACHE_HOME/scope_jax`
 (default `~/.cache`). The handler cuts each product into blocks, each a single-threaded sgemm, and runs
-them on XLA's own intra-op threads. Otherwise it is XLA's own dot: on every accelerator, for bfloat16,
-with several devices (XLA's partitioner cannot split the custom call: it would gather the operands), with
+them on XLA's own intra-op threads. Otherwise it is XLA's own dot: on every accelerator, for other
+dtypes, for bfloat16 on a CPU without bfloat16 instructions, with several devices (XLA's partitioner cannot split the custom call: it would gather the operands), with
 `SCOPE_JAX_CPU_GEMM=0`, and when MKL or the compiler is missing, which is logged once.
 `SCOPE_JAX_CPU_GEMM=1` takes MKL with several devices too (the tests, which see eight).
 
@@ -35,7 +37,8 @@ from scope_jax.models.layouts import xla_cpu_layouts
 
 log = logging.getLogger(__name__)
 
-TARGET = "scope_jax_cpu_gemm"
+TARGETS = {jnp.dtype(jnp.float32): "scope_jax_cpu_gemm", jnp.dtype(jnp.bfloat16): "scope_jax_cpu_gemm_bf16"}
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags under which MKL's bfloat16 GEMM is taken
 SOURCE = Path(__file__).with_name("cpu_gemm.cc")
 MKL_THREADING_SEQUENTIAL = 1  # MKL_Set_Threading_Layer's code: one thread per call; the handler splits
 SWITCH = "SCOPE_JAX_CPU_GEMM"  # 0, 1 or auto (`uses_mkl`)
@@ -46,7 +49,7 @@ _loaded: list[ctypes.CDLL] = []  # the handler and MKL stay loaded for the life 
 def matmul(a: jax.Array, b: jax.Array, *, transpose_a: bool = False, transpose_b: bool = False,
            preferred_element_type=None) -> jax.Array:
     """op(a) @ op(b) of 2-D a and b, op transposing when asked: a [m, k] (or [k, m]), b [k, n] (or [n, k]).
-    `preferred_element_type` applies to XLA's dot; MKL's product is float32 like its operands."""
+    The product has `preferred_element_type`, else the operands' dtype (MKL accumulates in float32)."""
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"cpu_gemm.matmul takes 2-D operands, got {a.shape} and {b.shape}")
     a_op, b_op = (a.T if transpose_a else a), (b.T if transpose_b else b)
@@ -55,8 +58,9 @@ def matmul(a: jax.Array, b: jax.Array, *, transpose_a: bool = False, transpose_b
     if not uses_mkl(a, b):
         return jnp.matmul(a_op, b_op, preferred_element_type=preferred_element_type)
     result = jax.ShapeDtypeStruct((a_op.shape[0], b_op.shape[1]), jnp.float32)
-    return jax.ffi.ffi_call(TARGET, result, vmap_method="broadcast_all")(
+    product = jax.ffi.ffi_call(TARGETS[a.dtype], result, vmap_method="broadcast_all")(
         a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+    return product.astype(preferred_element_type or a.dtype)
 
 
 def dense(x: jax.Array, kernel: jax.Array, *, transpose_kernel: bool = False,
@@ -75,7 +79,9 @@ def uses_mkl(a: jax.Array, b: jax.Array) -> bool:
     setting = os.environ.get(SWITCH, "auto")
     if setting not in ("0", "1", "auto"):
         raise ValueError(f"{SWITCH}={setting!r}: expected 0 (off), 1 (on with several devices too) or auto")
-    if setting == "0" or a.dtype != jnp.float32 or b.dtype != jnp.float32 or not xla_cpu_layouts():
+    if setting == "0" or a.dtype != b.dtype or a.dtype not in TARGETS or not xla_cpu_layouts():
+        return False
+    if a.dtype == jnp.bfloat16 and not cpu_has_bf16():
         return False
     return (setting == "1" or jax.device_count() == 1) and handler_registered()
 
@@ -89,12 +95,24 @@ def handler_registered() -> bool:
         if mkl.MKL_Set_Threading_Layer(ctypes.c_int(MKL_THREADING_SEQUENTIAL)) != MKL_THREADING_SEQUENTIAL:
             raise OSError("MKL did not take its sequential threading layer")
         handler.set_sgemm(ctypes.cast(mkl.cblas_sgemm_64, ctypes.c_void_p))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler.CpuGemm), platform="cpu")
+        handler.set_gemm_bf16(ctypes.cast(mkl.cblas_gemm_bf16bf16f32_64, ctypes.c_void_p))
+        for (target, function) in zip(TARGETS.values(), (handler.CpuGemm, handler.CpuGemmBf16)):
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(function), platform="cpu")
     except (OSError, ImportError, AttributeError, RuntimeError) as e:
-        log.warning("cpu_gemm: MKL's handler is unavailable (%s); float32 matmuls use XLA's dot", e)
+        log.warning("cpu_gemm: MKL's handler is unavailable (%s); the matmuls use XLA's dot", e)
         return False
     _loaded.extend((handler, mkl))
     return True
+
+
+@functools.cache
+def cpu_has_bf16() -> bool:
+    """Whether /proc/cpuinfo lists a bfloat16 instruction set (`CPU_BF16_FLAGS`)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return any(flag in flags for flag in CPU_BF16_FLAGS)
 
 
 def build(compiler: str) -> Path:

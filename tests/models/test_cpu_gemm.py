@@ -22,7 +22,8 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (300, 17, 70), (70, 17, 300), (193, 33, 131), (0
 def custom_calls(fn, *args) -> int:
     """The cpu_gemm custom calls of `fn` traced afresh (jax reuses a function's trace, made under the
     switch's setting then)."""
-    return jax.jit(lambda *args: fn(*args)).lower(*args).as_text().count(f"@{cpu_gemm.TARGET}(")
+    text = jax.jit(lambda *args: fn(*args)).lower(*args).as_text()
+    return sum(text.count(f"@{target}(") for target in cpu_gemm.TARGETS.values())
 
 
 def reference(a, b, transpose_a, transpose_b):
@@ -46,6 +47,27 @@ def test_matmul_equals_the_float64_product_for_every_transpose_and_split(matmul_
                                    err_msg=str((m, k, n)))
 
 
+@pytest.mark.parametrize("transpose_a, transpose_b", [(False, False), (True, False), (False, True)],
+                         ids=["a-b", "aT-b", "a-bT"])
+def test_a_bfloat16_product_accumulates_in_float32(matmul_path, transpose_a, transpose_b):
+    """bfloat16 operands (exact in float64): the float32 product against the float64 one, and the
+    bfloat16 product its rounding. MKL's bfloat16 GEMM needs a CPU with bfloat16 instructions."""
+    if matmul_path == "1" and not cpu_gemm.cpu_has_bf16():
+        pytest.skip("no bfloat16 instructions on this CPU: XLA's dot (the other case)")
+    rng = np.random.default_rng(2)
+    for m, k, n in [(300, 40, 70), (70, 40, 300), (5, 3, 2)]:
+        a = jnp.asarray(rng.standard_normal((k, m) if transpose_a else (m, k)), jnp.bfloat16)
+        b = jnp.asarray(rng.standard_normal((n, k) if transpose_b else (k, n)), jnp.bfloat16)
+        product = lambda a, b, out: cpu_gemm.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b,
+                                                    preferred_element_type=out)
+        assert custom_calls(lambda a, b: product(a, b, None), a, b) == (matmul_path == "1")
+        want = reference(a.astype(jnp.float32), b.astype(jnp.float32), transpose_a, transpose_b)
+        np.testing.assert_allclose(np.asarray(jax.jit(product, static_argnums=2)(a, b, jnp.float32)), want,
+                                   rtol=0, atol=1e-4)
+        got = np.asarray(jax.jit(product, static_argnums=2)(a, b, None).astype(jnp.float32))
+        np.testing.assert_allclose(got, want, rtol=2**-8, atol=1e-6)
+
+
 def test_under_vmap_each_member_gets_its_own_product(matmul_path):
     """A population's vmap: both operands batched, or one shared (broadcast to the batch)."""
     rng = np.random.default_rng(1)
@@ -65,13 +87,14 @@ def test_dense_keeps_the_leading_axes():
     assert cpu_gemm.dense(x, kernel, transpose_kernel=True).shape == (2, 3, 5)
 
 
-def test_mkl_is_taken_for_float32_only_and_by_the_switch(monkeypatch):
-    f32, bf16 = jnp.ones((4, 4)), jnp.ones((4, 4), jnp.bfloat16)
+def test_mkl_is_taken_for_float32_and_bfloat16_and_by_the_switch(monkeypatch):
+    f32, bf16, f16 = jnp.ones((4, 4)), jnp.ones((4, 4), jnp.bfloat16), jnp.ones((4, 4), jnp.float16)
     monkeypatch.setenv(cpu_gemm.SWITCH, "auto")  # the suite's eight devices: XLA's dot
     assert jax.device_count() > 1 and custom_calls(cpu_gemm.matmul, f32, f32) == 0
     monkeypatch.setenv(cpu_gemm.SWITCH, "1")
     assert custom_calls(cpu_gemm.matmul, f32, f32) == 1
-    assert custom_calls(cpu_gemm.matmul, bf16, bf16) == 0
+    assert custom_calls(cpu_gemm.matmul, bf16, bf16) == cpu_gemm.cpu_has_bf16()
+    assert custom_calls(cpu_gemm.matmul, f32, bf16) == custom_calls(cpu_gemm.matmul, f16, f16) == 0
     assert cpu_gemm.matmul(bf16, bf16).dtype == jnp.bfloat16
     assert cpu_gemm.matmul(bf16, bf16, preferred_element_type=jnp.float32).dtype == jnp.float32
     monkeypatch.setenv(cpu_gemm.SWITCH, "yes")
@@ -95,7 +118,7 @@ def test_a_failed_build_is_one_line_and_falls_back_to_xla_logged(monkeypatch, tm
     monkeypatch.setenv("CXX", "false")
     with caplog.at_level(logging.WARNING, logger=cpu_gemm.__name__):
         assert cpu_gemm.handler_registered.__wrapped__() is False
-    assert "float32 matmuls use XLA's dot" in caplog.text and "'false' failed" in caplog.text
+    assert "the matmuls use XLA's dot" in caplog.text and "'false' failed" in caplog.text
     assert not list(tmp_path.glob("scope_jax/*.so"))
 
 
