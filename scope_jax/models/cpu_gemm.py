@@ -1,16 +1,18 @@
 """Matmuls on XLA:CPU through MKL, called from the compiled program as an XLA FFI custom call
 (docs/models.md, "The float32 GEMM on XLA:CPU").
 
-`matmul(a, b)` is op(a) @ op(b). It calls MKL's `cblas_sgemm_64` when the backend is XLA:CPU with one
-device, both operands are float32, and the handler (`cpu_gemm.cc`) is built; for two bfloat16 operands
-it calls `cblas_gemm_bf16bf16f32_64` (float32 accumulation, on the AMX tiles where the CPU has them)
-when the CPU has AVX512_BF16 or AMX-BF16. The handler is built with the C++ compiler `$CXX`
-(default `c++`) against jaxlib's FFI headers, on first use, cached under `$XDG_CACHE_HOME/scope_jax`
-(default `~/.cache`). The handler cuts each product into blocks, each a single-threaded sgemm, and runs
-them on XLA's own intra-op threads. Otherwise it is XLA's own dot: on every accelerator, for other
-dtypes, for bfloat16 on a CPU without bfloat16 instructions, with several devices (XLA's partitioner cannot split the custom call: it would gather the operands), with
-`SCOPE_JAX_CPU_GEMM=0`, and when MKL or the compiler is missing, which is logged once.
-`SCOPE_JAX_CPU_GEMM=1` takes MKL with several devices too (the tests, which see eight).
+`matmul(a, b)` is op(a) @ op(b). On XLA:CPU with one device it calls MKL's `cblas_sgemm_64` for two
+float32 operands, and `cblas_gemm_bf16bf16f32_64` (float32 accumulation, on the AMX tiles where the CPU
+has them) for two bfloat16 operands on a CPU with AVX512_BF16 or AMX-BF16. The handler (`cpu_gemm.cc`)
+is built with the C++ compiler `$CXX` (default `c++`) against jaxlib's FFI headers on first use, and
+cached under `$XDG_CACHE_HOME/scope_jax` (default `~/.cache`). It cuts each product into blocks, each a
+single-threaded GEMM, and runs them on XLA's own intra-op threads.
+
+Otherwise `matmul` is XLA's own dot: on every accelerator; for other dtypes, and bfloat16 on a CPU
+without bfloat16 instructions; with several devices (XLA's partitioner cannot split the custom call: it
+would gather the operands); with `SCOPE_JAX_CPU_GEMM=0`; and when MKL or the compiler is missing, which
+is logged once. `SCOPE_JAX_CPU_GEMM=1` takes MKL with several devices too (the tests, which see eight).
+The switch is read when a function is traced.
 
 The custom call has no autodiff rule: call `matmul` inside a custom_vjp whose backward pass calls it
 again (decoder's `projection` and `normed_swiglu_mlp`, LoRA's `adapted_matmul`, the head's `head_stats`).
