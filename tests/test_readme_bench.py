@@ -105,6 +105,15 @@ def test_the_readme_train_step_and_sft_rows_quote_the_intel_runs_beside_and_befo
             assert f"{dtype} {ratio} ({ours} vs {theirs} s)" in quoted, (name, dtype)
 
 
+def test_the_readme_train_step_and_sft_rows_quote_the_bfloat16_runs_with_mkl():
+    readme = (ROOT / "README.md").read_text().splitlines()
+    for bench, reference, commit in (("train_step", "torch", "58f46bf"), ("sft", "peft", "a24ed43")):
+        row = next(line for line in readme if line.startswith(f"| `{bench}`"))
+        name = f"{bench}_smollm2_intel_xeon_bf16_{commit}.txt"
+        ours, theirs, ratio = summary(name, reference)["bfloat16"]
+        assert f"docs/bench/{name}) bfloat16 {ratio} ({ours} vs {theirs} s)" in row, name
+
+
 def test_the_readme_sampler_row_quotes_the_committed_output():
     readme = (ROOT / "README.md").read_text().splitlines()
     row = next(line for line in readme if line.startswith("| `sampler`"))
