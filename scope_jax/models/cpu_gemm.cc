@@ -61,7 +61,7 @@ static ffi::Error Product(Gemm<T> gemm, ffi::ThreadPool pool, ffi::Buffer<dtype>
     return ffi::Error::Success();
   }
   // Blocks of every batch entry's product, split along its longer side (rows or columns), each a
-  // single-threaded sgemm, run by this thread and by helpers on XLA's own intra-op pool: whoever is free
+  // single-threaded GEMM, run by this thread and by helpers on XLA's own intra-op pool: whoever is free
   // takes the next block, so a helper that starts late finds none left and nothing waits on a busy pool.
   const bool by_rows = m >= n;
   const int64_t side = by_rows ? m : n;
@@ -84,7 +84,7 @@ static ffi::Error Product(Gemm<T> gemm, ffi::ThreadPool pool, ffi::Buffer<dtype>
       c_i += first;
     }
     gemm(kRowMajor, transpose_a ? kTrans : kNoTrans, transpose_b ? kTrans : kNoTrans, by_rows ? size : m,
-          by_rows ? n : size, k, 1.0f, a_i, a_cols, b_i, b_cols, 0.0f, c_i, n);
+         by_rows ? n : size, k, 1.0f, a_i, a_cols, b_i, b_cols, 0.0f, c_i, n);
   };
   auto take_blocks = [work, run_block] {
     for (int64_t index; (index = work->next.fetch_add(1)) < work->total;) {
