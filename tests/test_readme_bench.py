@@ -9,6 +9,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLUMNS = (*INCREMENTAL, "ours, re-prefilling", "transformers, re-prefilling")
 
 
+def readme_row(bench: str) -> str:
+    """The README's Benchmarks table row of `bench`."""
+    return next(line for line in (ROOT / "README.md").read_text().splitlines()
+                if line.startswith(f"| `{bench}`"))
+
+
 def tables(name: str) -> list[dict[str, list[str]]]:
     """Each table of a committed rollout output: {column: the cells after the column's name} ('>= '
     bounds read as their number)."""
@@ -23,8 +29,7 @@ def tables(name: str) -> list[dict[str, list[str]]]:
 
 
 def test_the_readme_rollout_row_quotes_the_committed_p4g_and_tau2_outputs():
-    readme = (ROOT / "README.md").read_text().splitlines()
-    row = next(line for line in readme if line.startswith("| `rollout`"))
+    row = readme_row("rollout")
     (p4g,) = tables("rollout_smollm2_p4g.txt")
     cached_x = 3  # gen tok/s, wall s, s/turn, cached x, ...
     assert f"**{p4g['transformers, re-prefilling'][cached_x]}**" in row
@@ -60,9 +65,8 @@ def summary(name: str, reference: str) -> dict[str, tuple[str, str, str]]:
 
 
 def test_the_readme_train_step_and_sft_rows_quote_the_committed_outputs_of_every_machine():
-    readme = (ROOT / "README.md").read_text().splitlines()
     for bench, reference in (("train_step", "torch"), ("sft", "peft")):
-        row = next(line for line in readme if line.startswith(f"| `{bench}`"))
+        row = readme_row(bench)
         for machine in MACHINES:
             name = f"{bench}_smollm2{machine}.txt"
             assert f"docs/bench/{name}" in row, name
@@ -72,8 +76,7 @@ def test_the_readme_train_step_and_sft_rows_quote_the_committed_outputs_of_every
 
 
 def test_the_readme_train_step_row_quotes_the_float32_rerun_without_avx512():
-    readme = (ROOT / "README.md").read_text().splitlines()
-    row = next(line for line in readme if line.startswith("| `train_step`"))
+    row = readme_row("train_step")
     name = "train_step_smollm2_amd_epyc_avx2_float32_d8eece0.txt"
     peak = lambda file: re.search(r"SmolLM2-135M float32: .*matmul peak (\d+) GFLOP/s",
                                   (ROOT / "docs/bench" / file).read_text())[1]
@@ -83,9 +86,8 @@ def test_the_readme_train_step_row_quotes_the_float32_rerun_without_avx512():
 
 
 def test_the_readme_train_step_and_sft_rows_quote_the_earlier_intel_runs_of_the_same_host():
-    readme = (ROOT / "README.md").read_text().splitlines()
     for bench, reference in (("train_step", "torch"), ("sft", "peft")):
-        row = next(line for line in readme if line.startswith(f"| `{bench}`"))
+        row = readme_row(bench)
         quoted = re.findall(rf"docs/bench/({bench}_smollm2_intel_xeon_93b9849_\w+\.txt) ([\d.]+)", row)
         assert len(quoted) == 2, quoted
         for name, ratio in quoted:
@@ -94,9 +96,8 @@ def test_the_readme_train_step_and_sft_rows_quote_the_earlier_intel_runs_of_the_
 
 def test_the_readme_train_step_and_sft_rows_quote_the_intel_runs_beside_and_before_cpu_gemm():
     """The first full run with `cpu_gemm` beside the headline, and the headline before it."""
-    readme = (ROOT / "README.md").read_text().splitlines()
     for bench, reference in (("train_step", "torch"), ("sft", "peft")):
-        row = next(line for line in readme if line.startswith(f"| `{bench}`"))
+        row = readme_row(bench)
         name = f"{bench}_smollm2_intel_xeon_71d7ef9_first_run.txt"
         assert f"docs/bench/{name} {summary(name, reference)['float32'][2]} (load" in row, name
         name = f"{bench}_smollm2_intel_xeon_93b9849.txt"
@@ -106,17 +107,15 @@ def test_the_readme_train_step_and_sft_rows_quote_the_intel_runs_beside_and_befo
 
 
 def test_the_readme_train_step_and_sft_rows_quote_the_bfloat16_runs_with_mkl():
-    readme = (ROOT / "README.md").read_text().splitlines()
     for bench, reference, commit in (("train_step", "torch", "58f46bf"), ("sft", "peft", "a24ed43")):
-        row = next(line for line in readme if line.startswith(f"| `{bench}`"))
+        row = readme_row(bench)
         name = f"{bench}_smollm2_intel_xeon_bf16_{commit}.txt"
         ours, theirs, ratio = summary(name, reference)["bfloat16"]
         assert f"docs/bench/{name}) bfloat16 {ratio} ({ours} vs {theirs} s)" in row, name
 
 
 def test_the_readme_sampler_row_quotes_the_committed_output():
-    readme = (ROOT / "README.md").read_text().splitlines()
-    row = next(line for line in readme if line.startswith("| `sampler`"))
+    row = readme_row("sampler")
     lines = (ROOT / "docs/bench/sampler_smollm2.txt").read_text().splitlines()
     table_row = next(line for line in lines if line.startswith("SmolLM2-135M "))
     _, batch, ours, theirs, _, ratio = table_row.split()[:6]  # model, batch, ours tok/s, torch tok/s, threads
