@@ -46,10 +46,12 @@ class TokenStats(NamedTuple):
     entropy: jax.Array  # [B, L] float32
 
 
-def _logits(hidden: jax.Array, weight: jax.Array, temperature: float, allowed: jax.Array | None) -> jax.Array:
-    """Float32 hidden @ weight / temperature; -1e9 outside `allowed` (bool [V]): finite, since 0 * -inf
-    would be nan in the entropy."""
-    logits = cpu_gemm.dense(hidden, weight.astype(hidden.dtype), preferred_element_type=jnp.float32)
+def _logits(hidden: jax.Array, weight: jax.Array, temperature: float, allowed: jax.Array | None,
+            vocab_major: bool) -> jax.Array:
+    """Float32 hidden @ weight / temperature (weight [d, V], or [V, d] when vocab_major); -1e9 outside
+    `allowed` (bool [V]): finite, since 0 * -inf would be nan in the entropy."""
+    logits = cpu_gemm.dense(hidden, weight.astype(hidden.dtype), transpose_kernel=vocab_major,
+                            preferred_element_type=jnp.float32)
     logits = logits / temperature
     return logits if allowed is None else jnp.where(allowed, logits, -1e9)
 
@@ -86,30 +88,35 @@ def vocab_sums(terms: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
     return tuple(jnp.sum(sums, axis=-1) for sums in row_sums)
 
 
-def head_weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
-    """sum over tokens of inputs^T grad, [d, vocab]: the output head weight's gradient, in float32 on
-    XLA:CPU by `cpu_gemm`. Otherwise on XLA:CPU the small operand (tokens x d) is transposed and the
-    product kept [d, vocab], both behind barriers: left to itself XLA transposes `grad` (tokens x vocab)
-    or the product and multiplies on a slower path."""
+def head_weight_grad(inputs: jax.Array, grad: jax.Array, vocab_major: bool = False) -> jax.Array:
+    """sum over tokens of inputs^T grad, [d, vocab] ([vocab, d] when vocab_major): the output head weight's
+    gradient, in float32 on XLA:CPU by `cpu_gemm`, which writes either layout directly. Otherwise on
+    XLA:CPU the small operand (tokens x d) is transposed and the product kept [d, vocab], both behind
+    barriers: left to itself XLA transposes `grad` (tokens x vocab) or the product and multiplies on a
+    slower path."""
     tokens = lambda a: a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
     if cpu_gemm.uses_mkl(inputs, grad):
-        return cpu_gemm.matmul(tokens(inputs), tokens(grad), transpose_a=True)
+        operands = (grad, inputs) if vocab_major else (inputs, grad)
+        return cpu_gemm.matmul(*map(tokens, operands), transpose_a=True)
     if not xla_cpu_layouts():
-        return tokens(inputs).T @ tokens(grad)
-    barrier = jax.lax.optimization_barrier
-    return barrier(barrier(tokens(inputs).T) @ tokens(grad))
+        product = tokens(inputs).T @ tokens(grad)
+    else:
+        barrier = jax.lax.optimization_barrier
+        product = barrier(barrier(tokens(inputs).T) @ tokens(grad))
+    return product.T if vocab_major else product
 
 
 def _allowed_mask(allowed: tuple[int, ...] | None, vocab: int) -> jax.Array | None:
     return None if allowed is None else jnp.zeros(vocab, bool).at[jnp.asarray(allowed)].set(True)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
 def head_stats(hidden: jax.Array, weight: jax.Array, targets: jax.Array, temperature: float = 1.0,
                allowed: tuple[int, ...] | None = None, entropy_gradient: bool = True,
-               keep_logits: bool = False) -> TokenStats:
+               keep_logits: bool = False, vocab_major: bool = False) -> TokenStats:
     """log p(target) and entropy of softmax(hidden @ weight / temperature), in float32; with `allowed`
-    (token ids) the softmax is restricted to them.
+    (token ids) the softmax is restricted to them. The weight is [d, vocab], or [vocab, d] with
+    vocab_major (a tied embedding as stored: the matmuls take it without a transposed copy).
 
     The backward pass is written out: it takes d/d logits in closed form from the saved max, log-sum-exp
     and entropy, and from the logits, kept from the forward pass (keep_logits) or else computed again by a
@@ -117,27 +124,34 @@ def head_stats(hidden: jax.Array, weight: jax.Array, targets: jax.Array, tempera
     and with the weight frozen too the forward pass keeps d log p(target) / d hidden instead, so the
     backward pass runs no matmul and keeps no logits.
     """
-    return _softmax_stats(_logits(hidden, weight, temperature, _allowed_mask(allowed, weight.shape[-1])),
-                          targets)[0]
+    mask = _allowed_mask(allowed, _vocab(weight, vocab_major))
+    return _softmax_stats(_logits(hidden, weight, temperature, mask, vocab_major), targets)[0]
 
 
-def _head_stats_forward(hidden, weight, targets, temperature, allowed, entropy_gradient, keep_logits):
+def _vocab(weight: jax.Array, vocab_major: bool) -> int:
+    return weight.shape[0 if vocab_major else -1]
+
+
+def _head_stats_forward(hidden, weight, targets, temperature, allowed, entropy_gradient, keep_logits,
+                        vocab_major):
     h, w, t = hidden.value, weight.value, targets.value
-    mask = _allowed_mask(allowed, w.shape[-1])
-    logits = _logits(h, w, temperature, mask)
+    mask = _allowed_mask(allowed, _vocab(w, vocab_major))
+    logits = _logits(h, w, temperature, mask, vocab_major)
     stats, top, log_total, probs = _softmax_stats(logits, t)
     if weight.perturbed or entropy_gradient:
         return stats, (h, w, t, top, log_total, stats.entropy, h if weight.perturbed else None, None,
                        logits if keep_logits else None)
     # d log p(t) / d logits = onehot(t) - probs (0 outside `allowed`); d logits / d h = W^T / temperature
-    target_rows = w.T[t].astype(jnp.float32) * (1.0 if mask is None else mask[t][..., None])
-    expected_row = cpu_gemm.dense(probs.astype(h.dtype), w.astype(h.dtype), transpose_kernel=True,
+    token_rows = w if vocab_major else w.T
+    target_rows = token_rows[t].astype(jnp.float32) * (1.0 if mask is None else mask[t][..., None])
+    expected_row = cpu_gemm.dense(probs.astype(h.dtype), w.astype(h.dtype), transpose_kernel=not vocab_major,
                                   preferred_element_type=jnp.float32)
     d_hidden = ((target_rows - expected_row) / temperature).astype(h.dtype)
     return stats, (None, None, None, None, None, None, None, d_hidden, None)
 
 
-def _head_stats_backward(temperature, allowed, entropy_gradient, keep_logits, residuals, grad: TokenStats):
+def _head_stats_backward(temperature, allowed, entropy_gradient, keep_logits, vocab_major, residuals,
+                         grad: TokenStats):
     if not entropy_gradient and not isinstance(grad.entropy, SymbolicZero):
         raise ValueError("this entropy is a metric: token_logprobs(..., entropy_gradient=True) "
                          "differentiates it")
@@ -148,24 +162,26 @@ def _head_stats_backward(temperature, allowed, entropy_gradient, keep_logits, re
         return None, None, None
     if d_hidden is not None:
         return (d_logprobs[..., None] * d_hidden).astype(d_hidden.dtype), None, None
-    mask = _allowed_mask(allowed, w.shape[-1])
+    vocab = _vocab(w, vocab_major)
+    mask = _allowed_mask(allowed, vocab)
     if logits is None:
-        logits = _logits(h, w, temperature, mask)
+        logits = _logits(h, w, temperature, mask, vocab_major)
     logprobs = (logits - top[..., None]) - log_total[..., None]
     probs = jnp.exp(logprobs)
     # d log p(t) / d logits = onehot(t) - p;  d entropy / d logits = -p (log p + entropy)
     terms = []
     if d_logprobs is not None:
-        terms.append(d_logprobs[..., None] * (jax.nn.one_hot(t, w.shape[-1], dtype=probs.dtype) - probs))
+        terms.append(d_logprobs[..., None] * (jax.nn.one_hot(t, vocab, dtype=probs.dtype) - probs))
     if d_entropy is not None:
         terms.append(-d_entropy[..., None] * probs * (logprobs + entropy[..., None]))
     d_logits = functools.reduce(operator.add, terms)
     if mask is not None:  # outside `allowed` the logits are a constant
         d_logits = jnp.where(mask, d_logits, 0.0)
     d_logits = (d_logits / temperature).astype(h.dtype)
-    d_h = cpu_gemm.dense(d_logits, w.astype(h.dtype), transpose_kernel=True,
+    d_h = cpu_gemm.dense(d_logits, w.astype(h.dtype), transpose_kernel=not vocab_major,
                          preferred_element_type=jnp.float32)
-    d_w = None if weight_inputs is None else head_weight_grad(weight_inputs, d_logits).astype(w.dtype)
+    d_w = (None if weight_inputs is None
+           else head_weight_grad(weight_inputs, d_logits, vocab_major).astype(w.dtype))
     return d_h.astype(h.dtype), d_w, None
 
 
@@ -204,19 +220,20 @@ def token_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array, po
     chex.assert_rank([tokens, positions], 2)
     model = bind(graphdef, params)
     hidden, _ = model.hidden(tokens, positions)
-    weight = model.head_weight()
+    weight, vocab_major = model.head_weight_as_stored()
+    vocab = _vocab(weight, vocab_major)
     batch, length, dim = hidden.shape
     # Hidden state t predicts token t + 1.
     hidden, targets = hidden[:, :-1], tokens[:, 1:]
-    chunk = min(chunk_size or head_chunk(batch, length - 1, weight.shape[-1]), length - 1)
+    chunk = min(chunk_size or head_chunk(batch, length - 1, vocab), length - 1)
     padded = -(-(length - 1) // chunk) * chunk
     hidden = jnp.pad(hidden, ((0, 0), (0, padded - (length - 1)), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, padded - (length - 1))))
     hidden = hidden.reshape(batch, padded // chunk, chunk, dim).swapaxes(0, 1)
     targets = targets.reshape(batch, padded // chunk, chunk).swapaxes(0, 1)
 
-    keep = chunk_size is None and keeps_logits(batch, padded, weight.shape[-1])
+    keep = chunk_size is None and keeps_logits(batch, padded, vocab)
     stats = jax.lax.map(lambda ht: head_stats(ht[0], weight, ht[1], temperature, allowed, entropy_gradient,
-                                              keep), (hidden, targets))
+                                              keep, vocab_major), (hidden, targets))
     unchunk = lambda x: jnp.pad(x.swapaxes(0, 1).reshape(batch, padded)[:, :length - 1], ((0, 0), (1, 0)))
     return TokenStats(*map(unchunk, stats))

@@ -10,7 +10,7 @@ import pytest
 from scope_jax.logprobs import (CPU_LOGITS_BYTES, LOGITS_BYTES, head_chunk, head_stats, keeps_logits,
                                 token_logprobs)
 from scope_jax.models import ModelConfig, init
-from tests.jaxprs import dot_generals
+from tests.jaxprs import dot_generals, equations
 
 VOCAB, DIM = 11, 8
 ALLOWED = (1, 3, 4, 7)
@@ -55,14 +55,20 @@ def test_head_stats_match_numpy(allowed):
 @pytest.mark.parametrize("frozen", [True, False], ids=["frozen-weight", "trained-weight"])
 @pytest.mark.parametrize("entropy_gradient", [True, False], ids=["entropy-loss", "entropy-metric"])
 @pytest.mark.parametrize("keep_logits", [True, False], ids=["logits-kept", "logits-again"])
-def test_head_stats_gradients_equal_autodiff(allowed, frozen, entropy_gradient, keep_logits):
+@pytest.mark.parametrize("vocab_major", [False, True], ids=["d-by-vocab", "vocab-major"])
+def test_head_stats_gradients_equal_autodiff(allowed, frozen, entropy_gradient, keep_logits, vocab_major,
+                                            matmul_path):
+    """Through XLA's dot and MKL. A vocab-major weight is passed as weight.T, so its gradient reaches
+    `weight` transposed back."""
     hidden, weight, targets, cotangent = case(allowed, seed=1)
     entropy_cotangent = jnp.asarray(np.random.default_rng(2).normal(size=cotangent.shape), jnp.float32)
     entropy_weight = 1.0 if entropy_gradient else 0.0
     freeze = jax.lax.stop_gradient if frozen else (lambda w: w)
+    as_passed = (lambda w: w.T) if vocab_major else (lambda w: w)
 
     def ours(h, w):
-        stats = head_stats(h, freeze(w), targets, 0.7, allowed, entropy_gradient, keep_logits)
+        stats = head_stats(h, as_passed(freeze(w)), targets, 0.7, allowed, entropy_gradient, keep_logits,
+                           vocab_major)
         entropy = stats.entropy if entropy_gradient else jax.lax.stop_gradient(stats.entropy)
         return jnp.sum(stats.logprobs * cotangent + entropy_weight * entropy * entropy_cotangent)
 
@@ -116,6 +122,19 @@ def test_a_frozen_head_with_a_metric_entropy_runs_one_matmul_less():
         return len(list(dot_generals(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)))
 
     assert dots(True) - dots(False) == 1
+
+
+def test_a_tied_embedding_reaches_the_head_without_a_transposed_copy(matmul_path):
+    """The head's matmuls take the tied embedding [vocab, d] as stored (`cpu_gemm`'s transpose flags):
+    with MKL the gradient's jaxpr transposes no [vocab, d] or [d, vocab] array, neither the embedding for
+    the logits nor the head's gradient back into the embedding's layout. XLA's dot takes the transposes
+    into its dimension numbers instead."""
+    graphdef, params, tokens, positions = tiny_model()
+    loss = lambda p: jnp.sum(token_logprobs(graphdef, p, tokens, positions).logprobs)
+    shapes = {(64, 16), (16, 64)}
+    transposed = [eqn for eqn in equations(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+                  if eqn.primitive.name == "transpose" and tuple(eqn.invars[0].aval.shape) in shapes]
+    assert (len(transposed) == 0) == (matmul_path == "1"), transposed
 
 
 def test_kept_logits_save_the_backward_passs_logits_matmul():

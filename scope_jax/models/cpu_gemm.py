@@ -54,12 +54,13 @@ def matmul(a: jax.Array, b: jax.Array, *, transpose_a: bool = False, transpose_b
     The product has `preferred_element_type`, else the operands' dtype (MKL accumulates in float32)."""
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"cpu_gemm.matmul takes 2-D operands, got {a.shape} and {b.shape}")
-    a_op, b_op = (a.T if transpose_a else a), (b.T if transpose_b else b)
-    if a_op.shape[1] != b_op.shape[0]:
-        raise ValueError(f"cpu_gemm.matmul: op(a) {a_op.shape} and op(b) {b_op.shape} do not multiply")
+    a_shape, b_shape = a.shape[::-1] if transpose_a else a.shape, b.shape[::-1] if transpose_b else b.shape
+    if a_shape[1] != b_shape[0]:
+        raise ValueError(f"cpu_gemm.matmul: op(a) {a_shape} and op(b) {b_shape} do not multiply")
     if not uses_mkl(a, b):
-        return jnp.matmul(a_op, b_op, preferred_element_type=preferred_element_type)
-    result = jax.ShapeDtypeStruct((a_op.shape[0], b_op.shape[1]), jnp.float32)
+        return jnp.matmul(a.T if transpose_a else a, b.T if transpose_b else b,
+                          preferred_element_type=preferred_element_type)
+    result = jax.ShapeDtypeStruct((a_shape[0], b_shape[1]), jnp.float32)
     product = jax.ffi.ffi_call(TARGETS[a.dtype], result, vmap_method="broadcast_all")(
         a, b, transpose_a=transpose_a, transpose_b=transpose_b)
     return product.astype(preferred_element_type or a.dtype)

@@ -446,6 +446,13 @@ class Decoder(nnx.Module):
             return self.embed_tokens.embedding[...].T
         return self.lm_head.kernel[...]
 
+    def head_weight_as_stored(self) -> tuple[jax.Array, bool]:
+        """(the output projection as stored, whether it is vocab-major): the tied embedding [vocab, d], or
+        the head's kernel [d, vocab]."""
+        if self.config.tie_word_embeddings:
+            return self.embed_tokens.embedding[...], True
+        return self.lm_head.kernel[...], False
+
     def __call__(self, tokens: jax.Array, positions: jax.Array,
                  cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
         hidden, cache = self.hidden(tokens, positions, cache)

@@ -30,15 +30,18 @@ def test_weight_grad_uses_the_barrier_on_the_cpu_only_and_equals_inputs_t_grad(m
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+@pytest.mark.parametrize("vocab_major", [False, True], ids=["d-by-vocab", "vocab-major"])
 def test_head_weight_grad_uses_the_barriers_on_the_cpu_only_and_equals_inputs_t_grad(monkeypatch, matmul_path,
-                                                                                     backend):
+                                                                                     backend, vocab_major):
+    """inputs^T grad [d, vocab], or its transpose [vocab, d] for a vocab-major (tied) head."""
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     inputs, grad = (jax.random.normal(jax.random.key(i), (2, 5, n)) for i, n in enumerate((6, 9)))
-    primitives = _primitives(head_weight_grad, inputs, grad)
+    primitives = _primitives(lambda i, g: head_weight_grad(i, g, vocab_major), inputs, grad)
     assert ("optimization_barrier" in primitives) == (backend == "cpu" and matmul_path == "0")
     assert ("ffi_call" in primitives) == (backend == "cpu" and matmul_path == "1")
     expected = np.einsum("bti,bto->io", np.asarray(inputs), np.asarray(grad))
-    np.testing.assert_allclose(np.asarray(head_weight_grad(inputs, grad)), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(head_weight_grad(inputs, grad, vocab_major)),
+                               expected.T if vocab_major else expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen"])
