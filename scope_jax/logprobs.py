@@ -33,7 +33,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from scope_jax.models import cpu_gemm
 from scope_jax.models.decoder import Params, bind
-from scope_jax.models.layouts import xla_cpu_layouts
+from scope_jax.models.layouts import residuals_as_bits, residuals_from_bits, xla_cpu_layouts
 
 
 LOGITS_BYTES = 512 * 2**20  # no chunk size given: a chunk's float32 logits at most; all chunks' when kept
@@ -132,6 +132,7 @@ def _vocab(weight: jax.Array, vocab_major: bool) -> int:
     return weight.shape[0 if vocab_major else -1]
 
 
+@residuals_as_bits
 def _head_stats_forward(hidden, weight, targets, temperature, allowed, entropy_gradient, keep_logits,
                         vocab_major):
     h, w, t = hidden.value, weight.value, targets.value
@@ -150,6 +151,7 @@ def _head_stats_forward(hidden, weight, targets, temperature, allowed, entropy_g
     return stats, (None, None, None, None, None, None, None, d_hidden, None)
 
 
+@residuals_from_bits
 def _head_stats_backward(temperature, allowed, entropy_gradient, keep_logits, vocab_major, residuals,
                          grad: TokenStats):
     if not entropy_gradient and not isinstance(grad.entropy, SymbolicZero):

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from scope_jax.models.layouts import xla_cpu_layouts
+from scope_jax.models.layouts import residuals_as_bits, residuals_from_bits, xla_cpu_layouts
 
 BLOCK = 512
 ROW_GROUP_BYTES = 4 * 2**20  # float32 scores of one row group of a single tile, on XLA:CPU
@@ -227,6 +227,7 @@ def _attention(q, k, v, q_pos, k_pos, block, groups):
     return unfold_queries(normalize(_finished(q, k, v, q_pos, k_pos, block), v.dtype), groups)
 
 
+@residuals_as_bits
 def _attention_forward(q, k, v, q_pos, k_pos, block, groups):
     partial = _finished(q, k, v, q_pos, k_pos, block)
     out = unfold_queries(normalize(partial, v.dtype), groups)
@@ -258,6 +259,7 @@ def _delta(grad: jax.Array, out: jax.Array, heads: int, groups: int | None, dim:
     return fold_queries(per_query, heads, groups)[..., 0]
 
 
+@residuals_from_bits
 def _attention_backward(block, groups, residuals, grad):
     """One tile (in row groups) when the forward pass was one; else key blocks outside, query chunks
     inside: dk, dv of a block accumulate over the query chunks, dq over the key blocks. Each tile's

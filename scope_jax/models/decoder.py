@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 from scope_jax.models import attention, cpu_gemm
 from scope_jax.models.cpu_gemm import dense
 from scope_jax.models.config import ModelConfig
-from scope_jax.models.layouts import xla_cpu_layouts
+from scope_jax.models.layouts import residuals_as_bits, residuals_from_bits, xla_cpu_layouts
 
 Params = dict  # the pure-dict state of a Decoder, as returned by `split`
 
@@ -120,6 +120,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, axis: int) -> jax.Arra
     return _rms_norm_forward(x, weight, eps, axis)[0]
 
 
+@residuals_as_bits
 def _rms_norm_forward(x, weight, eps, axis):
     x32 = x.astype(jnp.float32)
     inverse_root = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + eps)
@@ -130,6 +131,7 @@ def _normalized(x, weight, inverse_root):
     return weight * (x.astype(jnp.float32) * inverse_root).astype(x.dtype)
 
 
+@residuals_from_bits
 def _rms_norm_backward(eps, axis, residuals, grad):
     x, inverse_root, weight = residuals
     normed = x.astype(jnp.float32) * inverse_root
@@ -149,10 +151,12 @@ def projection(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return dense(x, kernel)
 
 
+@residuals_as_bits
 def _projection_forward(x, kernel):
     return dense(x.value, kernel.value), (x.value if kernel.perturbed else None, kernel.value)
 
 
+@residuals_from_bits
 def _projection_backward(residuals, grad):
     x, kernel = residuals
     return dense(grad, kernel, transpose_kernel=True), None if x is None else weight_grad(x, grad)
@@ -245,6 +249,7 @@ def normed_swiglu_mlp(x: jax.Array, norm_weight: jax.Array, w_gate: jax.Array, w
     return dense(jax.nn.silu(dense(normed, w_gate)) * dense(normed, w_up), w_down)
 
 
+@residuals_as_bits
 def _normed_swiglu_mlp_forward(x, norm_weight, w_gate, w_up, w_down, eps):
     normed, (_, inverse_root, _) = _rms_norm_forward(x, norm_weight, eps, -1)
     gate, up = dense(normed, w_gate), dense(normed, w_up)
@@ -269,6 +274,7 @@ def weight_grad(inputs: jax.Array, grad: jax.Array) -> jax.Array:
     return jax.lax.optimization_barrier(tokens(grad).T @ tokens(inputs)).T
 
 
+@residuals_from_bits
 def _normed_swiglu_mlp_backward(eps, residuals, grad):
     x, inverse_root, norm_weight, gate, up, w_gate, w_up, w_down = residuals
     normed = _normalized(x, norm_weight, inverse_root)

@@ -40,6 +40,7 @@ from scope_jax.models import decoder
 from scope_jax.models.cpu_gemm import dense
 from scope_jax.models.decoder import MLP, Block, Decoder, DecodeWeights, Params, weight_grad
 from scope_jax.models.hf import read_safetensors
+from scope_jax.models.layouts import residuals_as_bits, residuals_from_bits
 
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
@@ -111,6 +112,7 @@ def _merged(kernel: jax.Array, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
     return (kernel if a.shape[-1] == 0 else kernel + a @ b).astype(dtype)  # rank 0: a plain projection
 
 
+@residuals_as_bits
 def _adapted_matmul_forward(x, kernel, a, b):
     if kernel.perturbed:
         raise ValueError("adapted_matmul differentiates x and the adapter only: its kernel must be frozen "
@@ -119,6 +121,7 @@ def _adapted_matmul_forward(x, kernel, a, b):
     return dense(x, _merged(kernel, a, b, x.dtype)), (x, x @ a.astype(x.dtype), kernel, a, b)
 
 
+@residuals_from_bits
 def _adapted_matmul_backward(residuals, grad):
     # The merged kernel is made again rather than kept: under a population's vmap, P kept copies of every
     # kernel would cost P models, the merge itself is a rank-r product.
@@ -178,6 +181,7 @@ def adapted_swiglu_mlp(x: jax.Array, gate: tuple, up: tuple, down: tuple) -> jax
     return adapted_matmul(jax.nn.silu(adapted_matmul(x, *gate)) * adapted_matmul(x, *up), *down)
 
 
+@residuals_as_bits
 def _adapted_swiglu_forward(x, gate, up, down):
     if any(projection[0].perturbed for projection in (gate, up, down)):
         raise ValueError("adapted_swiglu_mlp differentiates x and the adapters only: its kernels must be "
@@ -188,6 +192,7 @@ def _adapted_swiglu_forward(x, gate, up, down):
     return dense(jax.nn.silu(g) * u, _merged(*down, x.dtype)), (x, g, u, gate, up, down)
 
 
+@residuals_from_bits
 def _adapted_swiglu_backward(residuals, grad):
     x, g, u, gate, up, down = residuals
     adapted_backward = lambda inputs, projection, grad: _adapted_matmul_backward(

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scope_jax.logprobs import head_weight_grad, vocab_sums
-from scope_jax.models import attention, decoder
+from scope_jax.logprobs import head_weight_grad, token_logprobs, vocab_sums
+from scope_jax.models import ModelConfig, attention, decoder, layouts
 from tests.jaxprs import dot_generals, equations
 
 
@@ -101,3 +101,30 @@ def test_few_queries_take_keys_major_scores_on_the_cpu_only_with_the_same_values
     np.testing.assert_allclose(np.asarray(values), expected, rtol=1e-5, atol=1e-5)
     expected_visible = np.asarray(k_pos)[:, None, :] <= np.asarray(q_pos)[:, :, None]
     np.testing.assert_array_equal(np.asarray(visible)[:, 0], expected_visible)
+
+
+def _bfloat16_step_hlo_and_grads():
+    """(compiled HLO text, gradient) of a 3-layer model's bfloat16 log-prob gradient (float32 weights)."""
+    config = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=3,
+                         num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True)
+    graphdef, params = decoder.init(config, seed=0, dtype=jnp.bfloat16)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 9)))
+    positions = jnp.broadcast_to(jnp.arange(9), tokens.shape)
+    grad_fn = jax.jit(jax.grad(lambda p: jnp.sum(token_logprobs(graphdef, p, tokens, positions).logprobs)))
+    return grad_fn.lower(params).compile().as_text(), grad_fn(params)
+
+
+def test_bfloat16_residuals_cross_the_layer_scan_as_bits_on_the_cpu(monkeypatch):
+    """`layouts.residuals_as_bits`: the custom VJPs' bfloat16 residuals leave their forward rules as uint16
+    bits on XLA:CPU, so the layer scan stacks them in place. XLA:CPU's float normalization makes a bfloat16
+    stack's dynamic-update-slice a float32 one of the converted stack (copied there and back every layer):
+    none is left in the compiled bfloat16 gradient, where the plain residuals (the wrapper seeing an
+    accelerator) give some; the gradients are bit-equal."""
+    normalized = lambda hlo: hlo.count("dynamic-update-slice(%convert")
+    hlo, grads = _bfloat16_step_hlo_and_grads()
+    monkeypatch.setattr(layouts, "xla_cpu_layouts", lambda: False)  # only the wrapper looks it up there
+    plain_hlo, plain_grads = _bfloat16_step_hlo_and_grads()
+    assert normalized(hlo) == 0
+    assert normalized(plain_hlo) > 0, "XLA:CPU no longer normalizes a bfloat16 stack: the wrapper may go"
+    for ours, plain in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads)):
+        np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(plain, np.float32))
