@@ -105,8 +105,8 @@ def test_few_queries_take_keys_major_scores_on_the_cpu_only_with_the_same_values
 
 def _bfloat16_step_hlo_and_grads():
     """(compiled HLO text, gradient) of a 3-layer model's bfloat16 log-prob gradient (float32 weights)."""
-    config = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=3,
-                         num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True)
+    config = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32,
+                         num_layers=3, num_heads=2, num_kv_heads=1, head_dim=8, tie_word_embeddings=True)
     graphdef, params = decoder.init(config, seed=0, dtype=jnp.bfloat16)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 9)))
     positions = jnp.broadcast_to(jnp.arange(9), tokens.shape)
