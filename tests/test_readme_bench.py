@@ -95,12 +95,13 @@ def test_the_readme_train_step_and_sft_rows_quote_the_earlier_intel_runs_of_the_
 
 
 def test_the_readme_train_step_and_sft_rows_quote_the_intel_runs_beside_and_before_cpu_gemm():
-    """The first two full runs with `cpu_gemm` before the headline, and the headline before `cpu_gemm`."""
+    """The first three full runs with `cpu_gemm` before the headline, and the headline before `cpu_gemm`."""
     for bench, reference in (("train_step", "torch"), ("sft", "peft")):
         row = readme_row(bench)
         name = f"{bench}_smollm2_intel_xeon_71d7ef9_first_run.txt"
         assert f"docs/bench/{name} {summary(name, reference)['float32'][2]} (load" in row, name
-        for name in (f"{bench}_smollm2_intel_xeon_71d7ef9.txt", f"{bench}_smollm2_intel_xeon_93b9849.txt"):
+        for commit in ("fd282fb", "71d7ef9", "93b9849"):
+            name = f"{bench}_smollm2_intel_xeon_{commit}.txt"
             quoted = row.split(f"docs/bench/{name}")[1]
             for dtype, (ours, theirs, ratio) in summary(name, reference).items():
                 assert f"{dtype} {ratio} ({ours} vs {theirs} s)" in quoted, (name, dtype)
