@@ -32,7 +32,7 @@ from flax import nnx
 from jax.custom_derivatives import SymbolicZero
 
 from scope_jax.models import cpu_gemm
-from scope_jax.models.decoder import Params, bind
+from scope_jax.models.decoder import Params, bind, weight_grad
 from scope_jax.models.layouts import residuals_as_bits, residuals_from_bits, xla_cpu_layouts
 
 
@@ -90,14 +90,13 @@ def vocab_sums(terms: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
 
 def head_weight_grad(inputs: jax.Array, grad: jax.Array, vocab_major: bool = False) -> jax.Array:
     """sum over tokens of inputs^T grad, [d, vocab] ([vocab, d] when vocab_major): the output head weight's
-    gradient, in float32 on XLA:CPU by `cpu_gemm`, which writes either layout directly. Otherwise on
-    XLA:CPU the small operand (tokens x d) is transposed and the product kept [d, vocab], both behind
-    barriers: left to itself XLA transposes `grad` (tokens x vocab) or the product and multiplies on a
-    slower path."""
-    tokens = lambda a: a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+    gradient, in float32 on XLA:CPU by `cpu_gemm` (`decoder.weight_grad`), which writes either layout
+    directly. Otherwise on XLA:CPU the small operand (tokens x d) is transposed and the product kept
+    [d, vocab], both behind barriers: left to itself XLA transposes `grad` (tokens x vocab) or the product
+    and multiplies on a slower path."""
     if cpu_gemm.uses_mkl(inputs, grad):
-        operands = (grad, inputs) if vocab_major else (inputs, grad)
-        return cpu_gemm.matmul(*map(tokens, operands), transpose_a=True)
+        return weight_grad(grad, inputs) if vocab_major else weight_grad(inputs, grad)
+    tokens = lambda a: a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
     if not xla_cpu_layouts():
         product = tokens(inputs).T @ tokens(grad)
     else:

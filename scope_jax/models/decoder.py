@@ -448,9 +448,8 @@ class Decoder(nnx.Module):
 
     def head_weight(self) -> jax.Array:
         """The output projection [d, vocab] (the transposed embedding when tied)."""
-        if self.config.tie_word_embeddings:
-            return self.embed_tokens.embedding[...].T
-        return self.lm_head.kernel[...]
+        weight, vocab_major = self.head_weight_as_stored()
+        return weight.T if vocab_major else weight
 
     def head_weight_as_stored(self) -> tuple[jax.Array, bool]:
         """(the output projection as stored, whether it is vocab-major): the tied embedding [vocab, d], or
