@@ -33,6 +33,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from scope_jax.models import cpu_attention
 from scope_jax.models.layouts import residuals_as_bits, residuals_from_bits, xla_cpu_layouts
 
 BLOCK = 512
@@ -222,18 +223,28 @@ def attention(q, k, v, q_pos, k_pos, block: int = BLOCK, groups: int | None = No
     return _attention(q, k, v, q_pos, k_pos, block, groups)
 
 
+def _out_and_lse(q, k, v, q_pos, k_pos, block) -> tuple[jax.Array, jax.Array]:
+    """The output [N, H, Q, d] in v's dtype and the log-sum-exp of each query's visible scores [N, H, Q]
+    (+inf when it sees nothing, so that exp(s - lse) = 0): MKL's kernel where it runs, else XLA's one
+    tile or blockwise."""
+    if cpu_attention.uses_kernel(q, k, v):
+        out, lse = cpu_attention.forward(q, k, v, q_pos, k_pos)
+        return out.astype(v.dtype), lse
+    partial = _finished(q, k, v, q_pos, k_pos, block)
+    lse = jnp.where(partial.sum > 0, partial.max + jnp.log(jnp.where(partial.sum > 0, partial.sum, 1.0)),
+                    jnp.inf)
+    return normalize(partial, v.dtype), lse
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def _attention(q, k, v, q_pos, k_pos, block, groups):
-    return unfold_queries(normalize(_finished(q, k, v, q_pos, k_pos, block), v.dtype), groups)
+    return unfold_queries(_out_and_lse(q, k, v, q_pos, k_pos, block)[0], groups)
 
 
 @residuals_as_bits
 def _attention_forward(q, k, v, q_pos, k_pos, block, groups):
-    partial = _finished(q, k, v, q_pos, k_pos, block)
-    out = unfold_queries(normalize(partial, v.dtype), groups)
-    # log-sum-exp of each query's visible scores (+inf when it sees nothing, so that exp(s - lse) = 0)
-    lse = jnp.where(partial.sum > 0, partial.max + jnp.log(jnp.where(partial.sum > 0, partial.sum, 1.0)),
-                    jnp.inf)
+    out, lse = _out_and_lse(q, k, v, q_pos, k_pos, block)
+    out = unfold_queries(out, groups)
     return out, (q, k, v, q_pos, k_pos, out, lse)
 
 
@@ -268,6 +279,9 @@ def _attention_backward(block, groups, residuals, grad):
     delta = _delta(grad, out, q.shape[1], groups, q.shape[-1])  # [N, H, Q]
     grad = fold_queries(grad, q.shape[1], groups)
     q_len, k_len = q.shape[2], k.shape[2]
+    if cpu_attention.uses_kernel(q, k, v):
+        dq, dk, dv = cpu_attention.backward(q, k, v, grad, lse, delta, q_pos, k_pos)
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
     if _small(q_len, k_len, block):
         dq, dk, dv = _in_row_groups(_tile_gradients, q, k, v, grad, lse, delta, q_pos, k_pos)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None

@@ -3,37 +3,21 @@
 // (scope_jax/models/cpu_gemm.py). Operands are [batch..., rows, cols] with equal batch dimensions (the
 // leading dimensions a vmap broadcasts); op transposes the last two dimensions when asked.
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <mutex>
 
+#include "xla_cpu.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
-// (layout, transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) of cblas_sgemm_64 and
-// cblas_gemm_bf16bf16f32_64, whose operands are float32 and bfloat16 (uint16_t) respectively.
-template <typename T>
-using Gemm = void (*)(int, int, int, int64_t, int64_t, int64_t, float, const T*, int64_t, const T*, int64_t,
-                      float, float*, int64_t);
 static Gemm<float> sgemm = nullptr;
 static Gemm<uint16_t> gemm_bf16 = nullptr;
 
 extern "C" void set_sgemm(void* fn) { sgemm = reinterpret_cast<Gemm<float>>(fn); }
 extern "C" void set_gemm_bf16(void* fn) { gemm_bf16 = reinterpret_cast<Gemm<uint16_t>>(fn); }
 
-constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 constexpr int64_t kMinSide = 64, kBlocksPerThread = 2;  // a block's side at least; blocks per pool thread
-
-struct Work {
-  std::atomic<int64_t> next{0}, done{0};
-  int64_t total = 0;
-  std::mutex mutex;
-  std::condition_variable finished;
-};
 
 template <ffi::DataType dtype, typename T>
 static ffi::Error Product(Gemm<T> gemm, ffi::ThreadPool pool, ffi::Buffer<dtype> a, ffi::Buffer<dtype> b,
@@ -61,14 +45,11 @@ static ffi::Error Product(Gemm<T> gemm, ffi::ThreadPool pool, ffi::Buffer<dtype>
     return ffi::Error::Success();
   }
   // Blocks of every batch entry's product, split along its longer side (rows or columns), each a
-  // single-threaded GEMM, run by this thread and by helpers on XLA's own intra-op pool: whoever is free
-  // takes the next block, so a helper that starts late finds none left and nothing waits on a busy pool.
+  // single-threaded GEMM, run on XLA's own intra-op threads.
   const bool by_rows = m >= n;
   const int64_t side = by_rows ? m : n;
   const int64_t blocks =
       std::max<int64_t>(1, std::min<int64_t>(side / kMinSide, kBlocksPerThread * pool.num_threads()));
-  auto work = std::make_shared<Work>();
-  work->total = batch * blocks;
   auto run_block = [=, a = static_cast<const T*>(a.untyped_data()),
                      b = static_cast<const T*>(b.untyped_data())](int64_t index) {
     const int64_t i = index / blocks, block = index % blocks;
@@ -86,20 +67,7 @@ static ffi::Error Product(Gemm<T> gemm, ffi::ThreadPool pool, ffi::Buffer<dtype>
     gemm(kRowMajor, transpose_a ? kTrans : kNoTrans, transpose_b ? kTrans : kNoTrans, by_rows ? size : m,
          by_rows ? n : size, k, 1.0f, a_i, a_cols, b_i, b_cols, 0.0f, c_i, n);
   };
-  auto take_blocks = [work, run_block] {
-    for (int64_t index; (index = work->next.fetch_add(1)) < work->total;) {
-      run_block(index);
-      if (work->done.fetch_add(1) + 1 == work->total) {
-        std::lock_guard<std::mutex> lock(work->mutex);
-        work->finished.notify_all();
-      }
-    }
-  };
-  for (int64_t helper = 1; helper < std::min<int64_t>(pool.num_threads(), work->total); ++helper)
-    pool.Schedule([take_blocks] { take_blocks(); });
-  take_blocks();
-  std::unique_lock<std::mutex> lock(work->mutex);
-  work->finished.wait(lock, [&] { return work->done.load() == work->total; });
+  ParallelFor(pool, batch * blocks, run_block);
   return ffi::Error::Success();
 }
 

@@ -94,18 +94,26 @@ def handler_registered() -> bool:
     """Build (or find cached), load and register the handler once per process; False, logged, on failure."""
     try:
         handler = ctypes.CDLL(str(build(os.environ.get("CXX", "c++"))))
-        mkl = ctypes.CDLL(_mkl_path())
-        if mkl.MKL_Set_Threading_Layer(ctypes.c_int(MKL_THREADING_SEQUENTIAL)) != MKL_THREADING_SEQUENTIAL:
-            raise OSError("MKL did not take its sequential threading layer")
-        handler.set_sgemm(ctypes.cast(mkl.cblas_sgemm_64, ctypes.c_void_p))
-        handler.set_gemm_bf16(ctypes.cast(mkl.cblas_gemm_bf16bf16f32_64, ctypes.c_void_p))
+        library = mkl()
+        handler.set_sgemm(ctypes.cast(library.cblas_sgemm_64, ctypes.c_void_p))
+        handler.set_gemm_bf16(ctypes.cast(library.cblas_gemm_bf16bf16f32_64, ctypes.c_void_p))
         for (target, function) in zip(TARGETS.values(), (handler.CpuGemm, handler.CpuGemmBf16)):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(function), platform="cpu")
     except (OSError, ImportError, AttributeError, RuntimeError) as e:
         log.warning("cpu_gemm: MKL's handler is unavailable (%s); the matmuls use XLA's dot", e)
         return False
-    _loaded.extend((handler, mkl))
+    _loaded.append(handler)
     return True
+
+
+@functools.cache
+def mkl() -> ctypes.CDLL:
+    """libmkl_rt, loaded once per process with its sequential threading layer (OSError if it cannot be)."""
+    library = ctypes.CDLL(_mkl_path())
+    if library.MKL_Set_Threading_Layer(ctypes.c_int(MKL_THREADING_SEQUENTIAL)) != MKL_THREADING_SEQUENTIAL:
+        raise OSError("MKL did not take its sequential threading layer")
+    _loaded.append(library)
+    return library
 
 
 @functools.cache
@@ -118,25 +126,27 @@ def cpu_has_bf16() -> bool:
     return any(flag in flags for flag in CPU_BF16_FLAGS)
 
 
-def build(compiler: str) -> Path:
-    """The compiled handler, built by `compiler` unless the cache holds it for this source and jaxlib."""
+def build(compiler: str, source: Path = SOURCE) -> Path:
+    """The compiled handler of `source`, built by `compiler` unless the cache holds it for this source, the
+    headers beside it and jaxlib."""
     include = jax.ffi.include_dir()
-    key = hashlib.sha256(SOURCE.read_bytes() + f"{jaxlib.__version__} {include}".encode()).hexdigest()[:16]
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = hashlib.sha256(source.read_bytes() + headers + f"{jaxlib.__version__} {include}".encode())
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "scope_jax"
-    target = cache / f"cpu_gemm-{key}.so"
+    target = cache / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.partial")  # concurrent builds never see a half-written file
-    command = [compiler, "-O2", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{include}", str(SOURCE),
-               "-o", str(partial)]
+    command = [compiler, "-O3", "-shared", "-fPIC", "-std=c++17", "-w", f"-I{include}", f"-I{source.parent}",
+               str(source), "-o", str(partial)]
     try:
         built = subprocess.run(command, capture_output=True, text=True)
     except OSError as e:
         raise RuntimeError(f"cannot run the C++ compiler {compiler!r}: {e}") from e
     if built.returncode != 0:
         last = (built.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"{compiler!r} failed to build {SOURCE.name} (exit {built.returncode}): {last}")
+        raise RuntimeError(f"{compiler!r} failed to build {source.name} (exit {built.returncode}): {last}")
     os.replace(partial, target)
     return target
 

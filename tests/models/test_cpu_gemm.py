@@ -127,6 +127,7 @@ def test_without_mkl_installed_the_handler_falls_back_logged(monkeypatch, caplog
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "files", missing)
+    monkeypatch.setattr(cpu_gemm, "mkl", cpu_gemm.mkl.__wrapped__)  # not the process's loaded MKL
     with caplog.at_level(logging.WARNING, logger=cpu_gemm.__name__):
         assert cpu_gemm.handler_registered.__wrapped__() is False
     assert "the mkl package is not installed" in caplog.text
