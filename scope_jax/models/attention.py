@@ -280,7 +280,7 @@ def _attention_backward(block, groups, residuals, grad):
     grad = fold_queries(grad, q.shape[1], groups)
     q_len, k_len = q.shape[2], k.shape[2]
     if cpu_attention.uses_kernel(q, k, v):
-        dq, dk, dv = cpu_attention.backward(q, k, v, grad, lse, delta, q_pos, k_pos)
+        dq, dk, dv = cpu_attention.backward(q, k, v, q_pos, k_pos, grad, lse, delta)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
     if _small(q_len, k_len, block):
         dq, dk, dv = _in_row_groups(_tile_gradients, q, k, v, grad, lse, delta, q_pos, k_pos)

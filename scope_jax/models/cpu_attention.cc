@@ -125,39 +125,58 @@ static Runs VisibleRuns(const int32_t* k_pos, int64_t keys, int32_t last_query) 
   return runs;
 }
 
-// One (row, head) of the sizes of a call, and its operands' offsets.
-struct Shape {
+// The checked operands of a call: the GEMM for their dtype, the sizes, and where a (row, head) task's lie.
+template <typename T>
+struct Operands {
+  Gemm<T> gemm;
   int64_t rows, heads, queries, keys, dim;
+  const T *q, *k, *v;
+  const int32_t *q_pos, *k_pos;
+
   int64_t tasks() const { return rows * heads; }
+  const int32_t* query_positions(int64_t task) const { return q_pos + task / heads * queries; }
+  const int32_t* key_positions(int64_t task) const { return k_pos + task / heads * keys; }
+  int64_t query_offset(int64_t task, int64_t t0) const { return task * queries + t0; }  // of [.., H, Q]
+  const T* keys_of(int64_t task) const { return k + task * keys * dim; }
+  const T* values_of(int64_t task) const { return v + task * keys * dim; }
 };
 
-static ffi::Error CheckShape(ffi::Span<const int64_t> q, ffi::Span<const int64_t> k,
-                             ffi::Span<const int64_t> q_pos, ffi::Span<const int64_t> k_pos, Shape* shape) {
-  const size_t rank = q.size();
-  if (rank < 3 || k.size() != rank || q_pos.size() != rank - 2 || k_pos.size() != rank - 2)
+template <typename T, ffi::DataType dtype>
+static ffi::Error Check(ffi::Buffer<dtype> q, ffi::Buffer<dtype> k, ffi::Buffer<dtype> v,
+                        ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> k_pos, Operands<T>* operands) {
+  const Gemm<T> gemm = GemmFor(static_cast<T*>(nullptr));
+  if (gemm == nullptr || exp_n == nullptr) return ffi::Error::Internal("cpu_attention: MKL was not set");
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  auto qpd = q_pos.dimensions(), kpd = k_pos.dimensions();
+  const size_t rank = qd.size();
+  if (rank < 3 || kd.size() != rank || vd.size() != rank || qpd.size() != rank - 2 || kpd.size() != rank - 2)
     return ffi::Error::InvalidArgument(
-        "cpu_attention: q, k [rows..., H, length, d] and positions [rows..., length] expected");
+        "cpu_attention: q, k, v [rows..., H, length, d] and positions [rows..., length] expected");
   int64_t rows = 1;
   for (size_t i = 0; i + 3 < rank; ++i) {
-    if (q[i] != k[i] || q[i] != q_pos[i] || q[i] != k_pos[i])
+    if (qd[i] != kd[i] || qd[i] != qpd[i] || qd[i] != kpd[i])
       return ffi::Error::InvalidArgument("cpu_attention: the row dimensions differ");
-    rows *= q[i];
+    rows *= qd[i];
   }
-  if (q[rank - 3] != k[rank - 3] || q[rank - 1] != k[rank - 1] || q_pos[rank - 3] != q[rank - 2] ||
-      k_pos[rank - 3] != k[rank - 2])
+  for (size_t i = rank - 3; i < rank; ++i)
+    if (kd[i] != vd[i]) return ffi::Error::InvalidArgument("cpu_attention: keys and values differ in shape");
+  if (qd[rank - 3] != kd[rank - 3] || qd[rank - 1] != kd[rank - 1] || qpd[rank - 3] != qd[rank - 2] ||
+      kpd[rank - 3] != kd[rank - 2])
     return ffi::Error::InvalidArgument("cpu_attention: heads, lengths or head dims differ");
-  *shape = Shape{rows, q[rank - 3], q[rank - 2], k[rank - 2], q[rank - 1]};
+  *operands = Operands<T>{gemm, rows, qd[rank - 3], qd[rank - 2], kd[rank - 2], qd[rank - 1],
+                          static_cast<const T*>(q.untyped_data()), static_cast<const T*>(k.untyped_data()),
+                          static_cast<const T*>(v.untyped_data()), q_pos.typed_data(), k_pos.typed_data()};
   return ffi::Error::Success();
 }
 
 // scores[i, run columns] = scale * q_tile[i] . k[run keys] for each run: [tile, runs.width], then each entry
 // minus its row's `shift` where key s is visible to query i, -inf where it is not.
 template <typename T>
-static void ShiftedScores(Gemm<T> gemm, const Shape& shape, const T* q_tile, const T* k, const int32_t* q_pos,
+static void ShiftedScores(Gemm<T> gemm, int64_t d, const T* q_tile, const T* k, const int32_t* q_pos,
                           const int32_t* k_pos, int64_t tile, const Runs& runs, const float* shift,
                           float* scores) {
-  const float scale = 1.0f / std::sqrt(float(shape.dim));
-  const int64_t d = shape.dim, width = runs.width;
+  const float scale = 1.0f / std::sqrt(float(d));
+  const int64_t width = runs.width;
   for (size_t r = 0; r < runs.first.size(); ++r)
     gemm(kRowMajor, kNoTrans, kTrans, tile, runs.length[r], d, scale, q_tile, d, k + runs.first[r] * d, d,
          0.0f, scores + runs.column[r], width);
@@ -183,33 +202,22 @@ template <ffi::DataType dtype, typename T>
 static ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<dtype> q, ffi::Buffer<dtype> k,
                           ffi::Buffer<dtype> v, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> k_pos,
                           ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
-  const Gemm<T> gemm = GemmFor(static_cast<T*>(nullptr));
-  if (gemm == nullptr || exp_n == nullptr) return ffi::Error::Internal("cpu_attention: MKL was not set");
-  Shape shape;
-  if (auto error = CheckShape(q.dimensions(), k.dimensions(), q_pos.dimensions(), k_pos.dimensions(), &shape);
-      error.failure())
-    return error;
-  const auto* q_data = static_cast<const T*>(q.untyped_data());
-  const auto* k_data = static_cast<const T*>(k.untyped_data());
-  const auto* v_data = static_cast<const T*>(v.untyped_data());
-  float* out_data = out->typed_data();
-  float* lse_data = lse->typed_data();
-  const int64_t queries = shape.queries, keys = shape.keys, d = shape.dim;
-  ParallelFor(pool, shape.tasks(), [&](int64_t task) {
-    const int64_t row = task / shape.heads;
-    const int32_t* qp = q_pos.typed_data() + row * queries;
-    const int32_t* kp = k_pos.typed_data() + row * keys;
-    std::vector<float> scores(kTile * keys), row_max(kTile);
+  Operands<T> in;
+  if (auto error = Check(q, k, v, q_pos, k_pos, &in); error.failure()) return error;
+  const int64_t d = in.dim;
+  ParallelFor(pool, in.tasks(), [&](int64_t task) {
+    const int32_t *qp = in.query_positions(task), *kp = in.key_positions(task);
+    std::vector<float> scores(kTile * in.keys), row_max(kTile);
     std::vector<T> probs;
-    for (int64_t t0 = 0; t0 < queries; t0 += kTile) {
-      const int64_t tile = std::min(kTile, queries - t0);
-      const T* q_tile = q_data + (task * queries + t0) * d;
-      float* out_tile = out_data + (task * queries + t0) * d;
-      float* lse_tile = lse_data + task * queries + t0;
-      const Runs runs = VisibleRuns(kp, keys, *std::max_element(qp + t0, qp + t0 + tile));
+    for (int64_t t0 = 0; t0 < in.queries; t0 += kTile) {
+      const int64_t tile = std::min(kTile, in.queries - t0), at = in.query_offset(task, t0);
+      const T* q_tile = in.q + at * d;
+      float* out_tile = out->typed_data() + at * d;
+      float* lse_tile = lse->typed_data() + at;
+      const Runs runs = VisibleRuns(kp, in.keys, *std::max_element(qp + t0, qp + t0 + tile));
       const int64_t width = runs.width;
       std::fill(row_max.begin(), row_max.end(), 0.0f);
-      ShiftedScores(gemm, shape, q_tile, k_data + task * keys * d, qp + t0, kp, tile, runs, row_max.data(),
+      ShiftedScores(in.gemm, d, q_tile, in.keys_of(task), qp + t0, kp, tile, runs, row_max.data(),
                     scores.data());
       for (int64_t i = 0; i < tile; ++i) {
         float* row = scores.data() + i * width;
@@ -219,7 +227,7 @@ static ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<dtype> q, ffi::Buffe
       }
       exp_n(tile * width, scores.data(), scores.data());
       const T* p = AsOperand(scores.data(), tile * width, probs);
-      ProductOverRuns(gemm, runs, p, tile, v_data + task * keys * d, d, out_tile);
+      ProductOverRuns(in.gemm, runs, p, tile, in.values_of(task), d, out_tile);
       for (int64_t i = 0; i < tile; ++i) {
         const float total = Sum(scores.data() + i * width, width);
         lse_tile[i] = total > 0.0f ? row_max[i] + std::log(total) : std::numeric_limits<float>::infinity();
@@ -235,89 +243,77 @@ static ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<dtype> q, ffi::Buffe
 // probabilities are recomputed from the log-sum-exp.
 template <ffi::DataType dtype, typename T>
 static ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<dtype> q, ffi::Buffer<dtype> k,
-                           ffi::Buffer<dtype> v, ffi::Buffer<dtype> grad, ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> delta,
-                           ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> k_pos,
+                           ffi::Buffer<dtype> v, ffi::Buffer<ffi::S32> q_pos, ffi::Buffer<ffi::S32> k_pos,
+                           ffi::Buffer<dtype> grad, ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> delta,
                            ffi::ResultBuffer<ffi::F32> dq, ffi::ResultBuffer<ffi::F32> dk,
                            ffi::ResultBuffer<ffi::F32> dv) {
-  const Gemm<T> gemm = GemmFor(static_cast<T*>(nullptr));
-  if (gemm == nullptr || exp_n == nullptr) return ffi::Error::Internal("cpu_attention: MKL was not set");
-  Shape shape;
-  if (auto error = CheckShape(q.dimensions(), k.dimensions(), q_pos.dimensions(), k_pos.dimensions(), &shape);
-      error.failure())
-    return error;
-  const auto* q_data = static_cast<const T*>(q.untyped_data());
-  const auto* k_data = static_cast<const T*>(k.untyped_data());
-  const auto* v_data = static_cast<const T*>(v.untyped_data());
+  Operands<T> in;
+  if (auto error = Check(q, k, v, q_pos, k_pos, &in); error.failure()) return error;
   const auto* grad_data = static_cast<const T*>(grad.untyped_data());
-  const int64_t queries = shape.queries, keys = shape.keys, d = shape.dim;
+  const int64_t d = in.dim;
   const float scale = 1.0f / std::sqrt(float(d));
-  ParallelFor(pool, shape.tasks(), [&](int64_t task) {
-    const int64_t row = task / shape.heads;
-    const int32_t* qp = q_pos.typed_data() + row * queries;
-    const int32_t* kp = k_pos.typed_data() + row * keys;
-    const T* k_task = k_data + task * keys * d;
-    const T* v_task = v_data + task * keys * d;
-    float* dk_task = dk->typed_data() + task * keys * d;
-    float* dv_task = dv->typed_data() + task * keys * d;
-    std::memset(dk_task, 0, sizeof(float) * keys * d);
-    std::memset(dv_task, 0, sizeof(float) * keys * d);
-    std::vector<float> probs(kTile * keys), d_scores(kTile * keys);
+  ParallelFor(pool, in.tasks(), [&](int64_t task) {
+    const int32_t *qp = in.query_positions(task), *kp = in.key_positions(task);
+    const T *k_task = in.keys_of(task), *v_task = in.values_of(task);
+    float* dk_task = dk->typed_data() + task * in.keys * d;
+    float* dv_task = dv->typed_data() + task * in.keys * d;
+    std::memset(dk_task, 0, sizeof(float) * in.keys * d);
+    std::memset(dv_task, 0, sizeof(float) * in.keys * d);
+    std::vector<float> probs(kTile * in.keys), d_scores(kTile * in.keys);
     std::vector<T> probs_copy, d_scores_copy;
-    for (int64_t t0 = 0; t0 < queries; t0 += kTile) {
-      const int64_t tile = std::min(kTile, queries - t0);
-      const T* q_tile = q_data + (task * queries + t0) * d;
-      const T* grad_tile = grad_data + (task * queries + t0) * d;
-      const float* lse_tile = lse.typed_data() + task * queries + t0;
-      const float* delta_tile = delta.typed_data() + task * queries + t0;
-      const Runs runs = VisibleRuns(kp, keys, *std::max_element(qp + t0, qp + t0 + tile));
+    for (int64_t t0 = 0; t0 < in.queries; t0 += kTile) {
+      const int64_t tile = std::min(kTile, in.queries - t0), at = in.query_offset(task, t0);
+      const T* q_tile = in.q + at * d;
+      const T* grad_tile = grad_data + at * d;
+      const float* lse_tile = lse.typed_data() + at;
+      const float* delta_tile = delta.typed_data() + at;
+      const Runs runs = VisibleRuns(kp, in.keys, *std::max_element(qp + t0, qp + t0 + tile));
       const int64_t width = runs.width;
-      ShiftedScores(gemm, shape, q_tile, k_task, qp + t0, kp, tile, runs, lse_tile, probs.data());
+      ShiftedScores(in.gemm, d, q_tile, k_task, qp + t0, kp, tile, runs, lse_tile, probs.data());
       exp_n(tile * width, probs.data(), probs.data());  // exp(-inf) = 0 where invisible or lse = +inf
       for (size_t r = 0; r < runs.first.size(); ++r)  // d_probs = grad . v
-        gemm(kRowMajor, kNoTrans, kTrans, tile, runs.length[r], d, 1.0f, grad_tile, d,
-             v_task + runs.first[r] * d, d, 0.0f, d_scores.data() + runs.column[r], width);
+        in.gemm(kRowMajor, kNoTrans, kTrans, tile, runs.length[r], d, 1.0f, grad_tile, d,
+                v_task + runs.first[r] * d, d, 0.0f, d_scores.data() + runs.column[r], width);
       for (int64_t i = 0; i < tile; ++i)
         ScoreGradient(d_scores.data() + i * width, probs.data() + i * width, width, delta_tile[i], scale);
       const T* p = AsOperand(probs.data(), tile * width, probs_copy);
       const T* ds = AsOperand(d_scores.data(), tile * width, d_scores_copy);
-      ProductOverRuns(gemm, runs, ds, tile, k_task, d, dq->typed_data() + (task * queries + t0) * d);
+      ProductOverRuns(in.gemm, runs, ds, tile, k_task, d, dq->typed_data() + at * d);
       for (size_t r = 0; r < runs.first.size(); ++r) {
         const int64_t first = runs.first[r] * d;
-        gemm(kRowMajor, kTrans, kNoTrans, runs.length[r], d, tile, 1.0f, ds + runs.column[r], width, q_tile,
-             d, 1.0f, dk_task + first, d);
-        gemm(kRowMajor, kTrans, kNoTrans, runs.length[r], d, tile, 1.0f, p + runs.column[r], width,
-             grad_tile, d, 1.0f, dv_task + first, d);
+        in.gemm(kRowMajor, kTrans, kNoTrans, runs.length[r], d, tile, 1.0f, ds + runs.column[r], width,
+                q_tile, d, 1.0f, dk_task + first, d);
+        in.gemm(kRowMajor, kTrans, kNoTrans, runs.length[r], d, tile, 1.0f, p + runs.column[r], width,
+                grad_tile, d, 1.0f, dv_task + first, d);
       }
     }
   });
   return ffi::Error::Success();
 }
 
+// Both passes' bindings start with the operands: the pool, q, k, v, q_pos, k_pos.
 template <ffi::DataType dtype>
-static auto ForwardBinding() {
+static auto OperandsBinding() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::ThreadPool>()
       .template Arg<ffi::Buffer<dtype>>()
       .template Arg<ffi::Buffer<dtype>>()
       .template Arg<ffi::Buffer<dtype>>()
       .template Arg<ffi::Buffer<ffi::S32>>()
-      .template Arg<ffi::Buffer<ffi::S32>>()
-      .template Ret<ffi::Buffer<ffi::F32>>()
-      .template Ret<ffi::Buffer<ffi::F32>>();
+      .template Arg<ffi::Buffer<ffi::S32>>();
+}
+
+template <ffi::DataType dtype>
+static auto ForwardBinding() {
+  return OperandsBinding<dtype>().template Ret<ffi::Buffer<ffi::F32>>().template Ret<ffi::Buffer<ffi::F32>>();
 }
 
 template <ffi::DataType dtype>
 static auto BackwardBinding() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::ThreadPool>()
-      .template Arg<ffi::Buffer<dtype>>()
-      .template Arg<ffi::Buffer<dtype>>()
-      .template Arg<ffi::Buffer<dtype>>()
+  return OperandsBinding<dtype>()
       .template Arg<ffi::Buffer<dtype>>()
       .template Arg<ffi::Buffer<ffi::F32>>()
       .template Arg<ffi::Buffer<ffi::F32>>()
-      .template Arg<ffi::Buffer<ffi::S32>>()
-      .template Arg<ffi::Buffer<ffi::S32>>()
       .template Ret<ffi::Buffer<ffi::F32>>()
       .template Ret<ffi::Buffer<ffi::F32>>()
       .template Ret<ffi::Buffer<ffi::F32>>();

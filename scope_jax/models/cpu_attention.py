@@ -15,10 +15,7 @@ its XLA form.
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import logging
-import os
 from pathlib import Path
 
 import jax
@@ -26,14 +23,9 @@ import jax.numpy as jnp
 
 from scope_jax.models import cpu_gemm
 
-log = logging.getLogger(__name__)
-
 SOURCE = Path(__file__).with_name("cpu_attention.cc")
 TARGETS = {jnp.dtype(jnp.float32): ("scope_jax_attention_forward", "scope_jax_attention_backward"),
            jnp.dtype(jnp.bfloat16): ("scope_jax_attention_forward_bf16", "scope_jax_attention_backward_bf16")}
-
-_loaded: list[ctypes.CDLL] = []  # the handler stays loaded for the life of the process
-
 
 def uses_kernel(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
     """Whether `forward` and `backward` take these operands (see the module docstring)."""
@@ -48,31 +40,21 @@ def forward(q, k, v, q_pos, k_pos) -> tuple[jax.Array, jax.Array]:
         q, k, v, q_pos.astype(jnp.int32), k_pos.astype(jnp.int32))
 
 
-def backward(q, k, v, grad, lse, delta, q_pos, k_pos) -> tuple[jax.Array, jax.Array, jax.Array]:
+def backward(q, k, v, q_pos, k_pos, grad, lse, delta) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(dq, dk, dv) in float32 from the output gradient `grad` [N, H, Q, d], `forward`'s log-sum-exp and
     delta = sum(grad * out) [N, H, Q]; the products take q's dtype and accumulate in float32."""
     out = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct(k.shape, jnp.float32),
            jax.ShapeDtypeStruct(v.shape, jnp.float32))
     return jax.ffi.ffi_call(TARGETS[q.dtype][1], out, vmap_method="broadcast_all")(
-        q, k, v, grad.astype(q.dtype), lse, delta, q_pos.astype(jnp.int32), k_pos.astype(jnp.int32))
+        q, k, v, q_pos.astype(jnp.int32), k_pos.astype(jnp.int32), grad.astype(q.dtype), lse, delta)
 
 
 @functools.cache
 def handler_registered() -> bool:
     """Build (or find cached), load and register the handlers once per process; False, logged, on
     failure."""
-    try:
-        handler = ctypes.CDLL(str(cpu_gemm.build(os.environ.get("CXX", "c++"), SOURCE)))
-        mkl = cpu_gemm.mkl()
-        handler.set_functions(*(ctypes.cast(fn, ctypes.c_void_p) for fn in (
-            mkl.cblas_sgemm_64, mkl.cblas_gemm_bf16bf16f32_64, mkl.vsExp_64)))
-        handlers = {jnp.dtype(jnp.float32): (handler.AttentionForward, handler.AttentionBackward),
-                    jnp.dtype(jnp.bfloat16): (handler.AttentionForwardBf16, handler.AttentionBackwardBf16)}
-        for dtype, names in TARGETS.items():
-            for name, function in zip(names, handlers[dtype]):
-                jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(function), platform="cpu")
-    except (OSError, ImportError, AttributeError, RuntimeError) as e:
-        log.warning("cpu_attention: the handler is unavailable (%s); attention runs as XLA ops", e)
-        return False
-    _loaded.append(handler)
-    return True
+    symbols = {jnp.dtype(jnp.float32): ("AttentionForward", "AttentionBackward"),
+               jnp.dtype(jnp.bfloat16): ("AttentionForwardBf16", "AttentionBackwardBf16")}
+    targets = {name: symbol for dtype in TARGETS for name, symbol in zip(TARGETS[dtype], symbols[dtype])}
+    return cpu_gemm.registered(SOURCE, ("cblas_sgemm_64", "cblas_gemm_bf16bf16f32_64", "vsExp_64"), targets,
+                               "attention runs as XLA ops")

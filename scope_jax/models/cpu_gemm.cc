@@ -1,5 +1,5 @@
 // op(a) @ op(b) with a float32 product through a single-threaded 64-bit-integer MKL GEMM (set from Python:
-// set_sgemm for float32 operands, set_gemm_bf16 for bfloat16 ones), as XLA FFI handlers for the CPU
+// MKL's float32 GEMM and its bfloat16 one), as XLA FFI handlers for the CPU
 // (scope_jax/models/cpu_gemm.py). Operands are [batch..., rows, cols] with equal batch dimensions (the
 // leading dimensions a vmap broadcasts); op transposes the last two dimensions when asked.
 #include <algorithm>
@@ -14,8 +14,10 @@ namespace ffi = xla::ffi;
 static Gemm<float> sgemm = nullptr;
 static Gemm<uint16_t> gemm_bf16 = nullptr;
 
-extern "C" void set_sgemm(void* fn) { sgemm = reinterpret_cast<Gemm<float>>(fn); }
-extern "C" void set_gemm_bf16(void* fn) { gemm_bf16 = reinterpret_cast<Gemm<uint16_t>>(fn); }
+extern "C" void set_functions(void* sgemm_fn, void* gemm_bf16_fn) {
+  sgemm = reinterpret_cast<Gemm<float>>(sgemm_fn);
+  gemm_bf16 = reinterpret_cast<Gemm<uint16_t>>(gemm_bf16_fn);
+}
 
 constexpr int64_t kMinSide = 64, kBlocksPerThread = 2;  // a block's side at least; blocks per pool thread
 

@@ -37,8 +37,6 @@ import jaxlib
 
 from scope_jax.models.layouts import xla_cpu_layouts
 
-log = logging.getLogger(__name__)
-
 TARGETS = {jnp.dtype(jnp.float32): "scope_jax_cpu_gemm", jnp.dtype(jnp.bfloat16): "scope_jax_cpu_gemm_bf16"}
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags under which MKL's bfloat16 GEMM is taken
 SOURCE = Path(__file__).with_name("cpu_gemm.cc")
@@ -92,15 +90,23 @@ def uses_mkl(a: jax.Array, b: jax.Array) -> bool:
 @functools.cache
 def handler_registered() -> bool:
     """Build (or find cached), load and register the handler once per process; False, logged, on failure."""
+    return registered(SOURCE, ("cblas_sgemm_64", "cblas_gemm_bf16bf16f32_64"),
+                      dict(zip(TARGETS.values(), ("CpuGemm", "CpuGemmBf16"))), "the matmuls use XLA's dot")
+
+
+def registered(source: Path, mkl_functions: tuple[str, ...], targets: dict[str, str], fallback: str) -> bool:
+    """Build (or find cached) and load `source`'s handler library, hand MKL's `mkl_functions` to its
+    `set_functions`, and register its handlers for the CPU (`targets`: FFI target name -> symbol); False,
+    logged as a warning ending with `fallback` on the logger of the module beside `source`, on failure."""
     try:
-        handler = ctypes.CDLL(str(build(os.environ.get("CXX", "c++"))))
+        handler = ctypes.CDLL(str(build(os.environ.get("CXX", "c++"), source)))
         library = mkl()
-        handler.set_sgemm(ctypes.cast(library.cblas_sgemm_64, ctypes.c_void_p))
-        handler.set_gemm_bf16(ctypes.cast(library.cblas_gemm_bf16bf16f32_64, ctypes.c_void_p))
-        for (target, function) in zip(TARGETS.values(), (handler.CpuGemm, handler.CpuGemmBf16)):
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(function), platform="cpu")
+        handler.set_functions(*(ctypes.cast(getattr(library, f), ctypes.c_void_p) for f in mkl_functions))
+        for target, symbol in targets.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(handler, symbol)), platform="cpu")
     except (OSError, ImportError, AttributeError, RuntimeError) as e:
-        log.warning("cpu_gemm: MKL's handler is unavailable (%s); the matmuls use XLA's dot", e)
+        logging.getLogger(f"{__package__}.{source.stem}").warning(
+            "%s: the handler is unavailable (%s); %s", source.stem, e, fallback)
         return False
     _loaded.append(handler)
     return True
