@@ -31,9 +31,13 @@ extern "C" void set_functions(void* sgemm_fn, void* gemm_bf16_fn, void* exp_fn) 
 constexpr int64_t kTile = 64;
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
-// The elementwise loops, compiled for AVX-512, AVX2 and the baseline, the best the CPU runs chosen at load
-// time; the reductions keep kLanes partial results so that they vectorize without reassociating.
+// The elementwise loops, compiled on x86-64 for AVX-512, AVX2 and the baseline, the best the CPU runs chosen
+// at load time; the reductions keep kLanes partial results so that they vectorize without reassociating.
+#if defined(__x86_64__)
 #define VECTORIZED __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define VECTORIZED
+#endif
 constexpr int64_t kLanes = 16;
 
 VECTORIZED static float Max(const float* x, int64_t n) {
