@@ -35,6 +35,7 @@ def uses_kernel(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
 def forward(q, k, v, q_pos, k_pos) -> tuple[jax.Array, jax.Array]:
     """The attention output [N, H, Q, d] in float32 and each query's log-sum-exp of its visible scores
     [N, H, Q] (+inf for a query that sees nothing, whose output is 0)."""
+    _require_handler()
     out = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct(q.shape[:-1], jnp.float32))
     return jax.ffi.ffi_call(TARGETS[q.dtype][0], out, vmap_method="broadcast_all")(
         q, k, v, q_pos.astype(jnp.int32), k_pos.astype(jnp.int32))
@@ -43,10 +44,17 @@ def forward(q, k, v, q_pos, k_pos) -> tuple[jax.Array, jax.Array]:
 def backward(q, k, v, q_pos, k_pos, grad, lse, delta) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(dq, dk, dv) in float32 from the output gradient `grad` [N, H, Q, d], `forward`'s log-sum-exp and
     delta = sum(grad * out) [N, H, Q]; the products take q's dtype and accumulate in float32."""
+    _require_handler()
     out = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct(k.shape, jnp.float32),
            jax.ShapeDtypeStruct(v.shape, jnp.float32))
     return jax.ffi.ffi_call(TARGETS[q.dtype][1], out, vmap_method="broadcast_all")(
         q, k, v, q_pos.astype(jnp.int32), k_pos.astype(jnp.int32), grad.astype(q.dtype), lse, delta)
+
+
+def _require_handler() -> None:
+    if not handler_registered():
+        raise RuntimeError("cpu_attention: the handler is unavailable (see the logged warning); "
+                           "`uses_kernel` says when to call it")
 
 
 @functools.cache
