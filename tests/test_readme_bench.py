@@ -95,12 +95,12 @@ def test_the_readme_train_step_and_sft_rows_quote_the_earlier_intel_runs_of_the_
 
 
 def test_the_readme_train_step_and_sft_rows_quote_the_intel_runs_beside_and_before_cpu_gemm():
-    """The first three full runs with `cpu_gemm` before the headline, and the headline before `cpu_gemm`."""
+    """The full runs with `cpu_gemm` before the headline, and the headline before `cpu_gemm`."""
     for bench, reference in (("train_step", "torch"), ("sft", "peft")):
         row = readme_row(bench)
         name = f"{bench}_smollm2_intel_xeon_71d7ef9_first_run.txt"
         assert f"docs/bench/{name} {summary(name, reference)['float32'][2]} (load" in row, name
-        for commit in ("fd282fb", "71d7ef9", "93b9849"):
+        for commit in ("893e422", "57d9af9", "fd282fb", "71d7ef9", "93b9849"):
             name = f"{bench}_smollm2_intel_xeon_{commit}.txt"
             quoted = row.split(f"docs/bench/{name}")[1]
             for dtype, (ours, theirs, ratio) in summary(name, reference).items():
