@@ -12,7 +12,7 @@ Otherwise `matmul` is XLA's own dot: on every accelerator; for other dtypes, and
 without bfloat16 instructions; with several devices (XLA's partitioner cannot split the custom call: it
 would gather the operands); with `SCOPE_JAX_CPU_GEMM=0`; and when MKL or the compiler is missing, which
 is logged once. `SCOPE_JAX_CPU_GEMM=1` takes MKL with several devices too (the tests, which see eight).
-The switch is read when a function is traced.
+The switch is read when a function is traced, and `cpu_attention`'s kernel follows it.
 
 The custom call has no autodiff rule: call `matmul` inside a custom_vjp whose backward pass calls it
 again (decoder's `projection` and `normed_swiglu_mlp`, LoRA's `adapted_matmul`, the head's `head_stats`).
