@@ -158,7 +158,7 @@ static ffi::Error Check(ffi::Buffer<dtype> q, ffi::Buffer<dtype> k, ffi::Buffer<
         "cpu_attention: q, k, v [rows..., H, length, d] and positions [rows..., length] expected");
   int64_t rows = 1;
   for (size_t i = 0; i + 3 < rank; ++i) {
-    if (qd[i] != kd[i] || qd[i] != qpd[i] || qd[i] != kpd[i])
+    if (qd[i] != kd[i] || qd[i] != vd[i] || qd[i] != qpd[i] || qd[i] != kpd[i])
       return ffi::Error::InvalidArgument("cpu_attention: the row dimensions differ");
     rows *= qd[i];
   }
@@ -253,6 +253,11 @@ static ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<dtype> q, ffi::Buff
                            ffi::ResultBuffer<ffi::F32> dv) {
   Operands<T> in;
   if (auto error = Check(q, k, v, q_pos, k_pos, &in); error.failure()) return error;
+  auto qd = q.dimensions(), gd = grad.dimensions(), ld = lse.dimensions(), dd = delta.dimensions();
+  if (!std::equal(qd.begin(), qd.end(), gd.begin(), gd.end()) ||
+      !std::equal(qd.begin(), qd.end() - 1, ld.begin(), ld.end()) ||
+      !std::equal(qd.begin(), qd.end() - 1, dd.begin(), dd.end()))
+    return ffi::Error::InvalidArgument("cpu_attention: grad [..., Q, d] and lse, delta [..., Q] must match q");
   const auto* grad_data = static_cast<const T*>(grad.untyped_data());
   const int64_t d = in.dim;
   const float scale = 1.0f / std::sqrt(float(d));

@@ -109,6 +109,17 @@ def test_under_vmap_each_member_gets_its_own_attention(kernel):
         np.testing.assert_allclose(np.asarray(together[i]), np.asarray(jax.jit(fn)(*member)), atol=1e-6)
 
 
+def test_operands_of_other_shapes_are_refused_in_one_line(kernel):
+    q, k, v, q_pos, k_pos = case()
+    with pytest.raises(Exception, match="cpu_attention: keys and values differ in shape"):
+        cpu_attention.forward(q, k, v[..., :8], q_pos, k_pos)
+    with pytest.raises(Exception, match="cpu_attention: heads, lengths or head dims differ"):
+        cpu_attention.forward(q, k, v, q_pos[:, :-1], k_pos)
+    out, lse = cpu_attention.forward(q, k, v, q_pos, k_pos)
+    with pytest.raises(Exception, match="cpu_attention: grad .* must match q"):
+        cpu_attention.backward(q, k, v, q_pos, k_pos, out[:, :, :-1], lse, lse)
+
+
 def test_the_kernel_runs_on_xla_cpu_only(kernel, monkeypatch):
     q, k, v = case()[:3]
     assert cpu_attention.uses_kernel(q, k, v)
