@@ -257,7 +257,8 @@ static ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<dtype> q, ffi::Buff
   if (!std::equal(qd.begin(), qd.end(), gd.begin(), gd.end()) ||
       !std::equal(qd.begin(), qd.end() - 1, ld.begin(), ld.end()) ||
       !std::equal(qd.begin(), qd.end() - 1, dd.begin(), dd.end()))
-    return ffi::Error::InvalidArgument("cpu_attention: grad [..., Q, d] and lse, delta [..., Q] must match q");
+    return ffi::Error::InvalidArgument(
+        "cpu_attention: grad [..., Q, d] and lse, delta [..., Q] must match q");
   const auto* grad_data = static_cast<const T*>(grad.untyped_data());
   const int64_t d = in.dim;
   const float scale = 1.0f / std::sqrt(float(d));
