@@ -27,6 +27,7 @@ SOURCE = Path(__file__).with_name("cpu_attention.cc")
 TARGETS = {jnp.dtype(jnp.float32): ("scope_jax_attention_forward", "scope_jax_attention_backward"),
            jnp.dtype(jnp.bfloat16): ("scope_jax_attention_forward_bf16", "scope_jax_attention_backward_bf16")}
 
+
 def uses_kernel(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
     """Whether `forward` and `backward` take these operands (see the module docstring)."""
     return k.dtype == v.dtype and cpu_gemm.uses_mkl(q, k) and handler_registered()
