@@ -7,10 +7,11 @@ XLA's intra-op threads, its queries 64 at a time over the 64-key tiles that some
 mask leaves out the tiles above the diagonal, which XLA's one tile computes and masks), the products
 through MKL's single-threaded GEMM and exp through MKL's vector exp. Nothing of size Q x S is kept.
 
-`uses_kernel(q, k, v)` says whether they run: where `cpu_gemm.uses_mkl` would take MKL for q and k (XLA:CPU,
-float32 or bfloat16 with the CPU's bfloat16 instructions, one device or `SCOPE_JAX_CPU_GEMM=1`), for three
-operands of one dtype, once the handler is built (as cpu_gemm's, on first use). Otherwise attention.py runs
-its XLA form.
+`attention.attention` takes them (training, and forward only the prefill and decode steps over a row's
+own cache); attention over a shared prompt prefix (`accumulate`) stays XLA's. `uses_kernel(q, k, v)` says
+whether they run: where `cpu_gemm.uses_mkl` would take MKL for q and k (XLA:CPU, float32 or bfloat16 with
+the CPU's bfloat16 instructions, one device or `SCOPE_JAX_CPU_GEMM=1`), for three operands of one dtype,
+once the handler is built (as cpu_gemm's, on first use). Otherwise attention.py runs its XLA form.
 """
 
 from __future__ import annotations
