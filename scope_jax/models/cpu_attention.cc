@@ -173,6 +173,36 @@ static ffi::Error Check(ffi::Buffer<dtype> q, ffi::Buffer<dtype> k, ffi::Buffer<
   return ffi::Error::Success();
 }
 
+// The three products of a query tile with the keys of `runs` (rows of [keys, d] arrays), whose side of
+// width `runs.width` lies in a tile's compacted [tile, width] matrix:
+// out[:, run columns] = alpha * a [tile, d] @ keys[run]^T, for each run.
+template <typename T>
+static void ProductWithRunKeys(Gemm<T> gemm, const Runs& runs, float alpha, const T* a, int64_t tile,
+                               const T* keys, int64_t d, float* out) {
+  for (size_t r = 0; r < runs.first.size(); ++r)
+    gemm(kRowMajor, kNoTrans, kTrans, tile, runs.length[r], d, alpha, a, d, keys + runs.first[r] * d, d,
+         0.0f, out + runs.column[r], runs.width);
+}
+
+// out [tile, d] = sum over runs of p[:, run columns] @ values[run] (0 without runs).
+template <typename T>
+static void ProductOverRuns(Gemm<T> gemm, const Runs& runs, const T* p, int64_t tile, const T* values,
+                            int64_t d, float* out) {
+  for (size_t r = 0; r < runs.first.size(); ++r)
+    gemm(kRowMajor, kNoTrans, kNoTrans, tile, d, runs.length[r], 1.0f, p + runs.column[r], runs.width,
+         values + runs.first[r] * d, d, r == 0 ? 0.0f : 1.0f, out, d);
+  if (runs.first.empty()) std::memset(out, 0, sizeof(float) * tile * d);
+}
+
+// sums[run] += p[:, run columns]^T @ x [tile, d], for each run.
+template <typename T>
+static void AddToRunKeys(Gemm<T> gemm, const Runs& runs, const T* p, int64_t tile, const T* x, int64_t d,
+                         float* sums) {
+  for (size_t r = 0; r < runs.first.size(); ++r)
+    gemm(kRowMajor, kTrans, kNoTrans, runs.length[r], d, tile, 1.0f, p + runs.column[r], runs.width, x, d,
+         1.0f, sums + runs.first[r] * d, d);
+}
+
 // scores[i, run columns] = scale * q_tile[i] . k[run keys] for each run: [tile, runs.width], then each entry
 // minus its row's `shift` where key s is visible to query i, -inf where it is not.
 template <typename T>
@@ -181,23 +211,11 @@ static void ShiftedScores(Gemm<T> gemm, int64_t d, const T* q_tile, const T* k, 
                           float* scores) {
   const float scale = 1.0f / std::sqrt(float(d));
   const int64_t width = runs.width;
-  for (size_t r = 0; r < runs.first.size(); ++r)
-    gemm(kRowMajor, kNoTrans, kTrans, tile, runs.length[r], d, scale, q_tile, d, k + runs.first[r] * d, d,
-         0.0f, scores + runs.column[r], width);
+  ProductWithRunKeys(gemm, runs, scale, q_tile, tile, k, d, scores);
   for (int64_t i = 0; i < tile; ++i)
     for (size_t r = 0; r < runs.first.size(); ++r)
       MaskAndShift(scores + i * width + runs.column[r], k_pos + runs.first[r], runs.length[r], q_pos[i],
                    shift[i]);
-}
-
-// out[tile, d] = sum over runs of p[:, run columns] @ values[run keys] (p [tile, width], values [keys, d]).
-template <typename T>
-static void ProductOverRuns(Gemm<T> gemm, const Runs& runs, const T* p, int64_t tile, const T* values,
-                            int64_t d, float* out) {
-  for (size_t r = 0; r < runs.first.size(); ++r)
-    gemm(kRowMajor, kNoTrans, kNoTrans, tile, d, runs.length[r], 1.0f, p + runs.column[r], runs.width,
-         values + runs.first[r] * d, d, r == 0 ? 0.0f : 1.0f, out, d);
-  if (runs.first.empty()) std::memset(out, 0, sizeof(float) * tile * d);
 }
 
 // out [rows..., H, Q, d] (float32) and the log-sum-exp of each query's visible scores [rows..., H, Q]
@@ -281,21 +299,14 @@ static ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<dtype> q, ffi::Buff
       const int64_t width = runs.width;
       ShiftedScores(in.gemm, d, q_tile, k_task, qp + t0, kp, tile, runs, lse_tile, probs.data());
       exp_n(tile * width, probs.data(), probs.data());  // exp(-inf) = 0 where invisible or lse = +inf
-      for (size_t r = 0; r < runs.first.size(); ++r)  // d_probs = grad . v
-        in.gemm(kRowMajor, kNoTrans, kTrans, tile, runs.length[r], d, 1.0f, grad_tile, d,
-                v_task + runs.first[r] * d, d, 0.0f, d_scores.data() + runs.column[r], width);
+      ProductWithRunKeys(in.gemm, runs, 1.0f, grad_tile, tile, v_task, d, d_scores.data());  // d_probs
       for (int64_t i = 0; i < tile; ++i)
         ScoreGradient(d_scores.data() + i * width, probs.data() + i * width, width, delta_tile[i], scale);
       const T* p = AsOperand(probs.data(), tile * width, probs_copy);
       const T* ds = AsOperand(d_scores.data(), tile * width, d_scores_copy);
       ProductOverRuns(in.gemm, runs, ds, tile, k_task, d, dq->typed_data() + at * d);
-      for (size_t r = 0; r < runs.first.size(); ++r) {
-        const int64_t first = runs.first[r] * d;
-        in.gemm(kRowMajor, kTrans, kNoTrans, runs.length[r], d, tile, 1.0f, ds + runs.column[r], width,
-                q_tile, d, 1.0f, dk_task + first, d);
-        in.gemm(kRowMajor, kTrans, kNoTrans, runs.length[r], d, tile, 1.0f, p + runs.column[r], width,
-                grad_tile, d, 1.0f, dv_task + first, d);
-      }
+      AddToRunKeys(in.gemm, runs, ds, tile, q_tile, d, dk_task);
+      AddToRunKeys(in.gemm, runs, p, tile, grad_tile, d, dv_task);
     }
   });
   return ffi::Error::Success();
